@@ -1,1 +1,58 @@
+"""Decoder-only LMs (Llama / Qwen / Gemma families) in Flax NNX, sharding rules, HF checkpoint I/O.
 
+Public API::
+
+    from mgrpo_jax.model import ModelConfig, get_model_config, Transformer, token_logprobs
+    cfg = get_model_config("qwen3-tiny")
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    logits, _ = model(tokens, positions, attention_mask=mask)             # full sequence
+    cache = model.init_cache(batch, max_len)                               # KV cache pytree
+    logits, cache = model(tok, pos, attention_mask=m, cache=cache, cache_index=i)
+
+See ``transformer.py`` for the cache format and ``sharding.py`` for meshes and rules.
+"""
+
+from mgrpo_jax.model.config import PRESETS, ModelConfig, family_defaults, get_model_config
+from mgrpo_jax.model.sharding import (
+    DEFAULT_RULES,
+    MESH_AXES,
+    MeshRules,
+    abstract_model,
+    init_sharded,
+    logical_to_spec,
+    make_mesh,
+    shard_model,
+    state_shardings,
+)
+from mgrpo_jax.model.transformer import (
+    CACHE_AXES,
+    Transformer,
+    cache_shape,
+    cache_shardings,
+    gather_logprobs,
+    init_cache,
+    token_logprobs,
+)
+
+__all__ = [
+    "CACHE_AXES",
+    "DEFAULT_RULES",
+    "MESH_AXES",
+    "PRESETS",
+    "MeshRules",
+    "ModelConfig",
+    "Transformer",
+    "abstract_model",
+    "cache_shape",
+    "cache_shardings",
+    "family_defaults",
+    "gather_logprobs",
+    "get_model_config",
+    "init_cache",
+    "init_sharded",
+    "logical_to_spec",
+    "make_mesh",
+    "shard_model",
+    "state_shardings",
+    "token_logprobs",
+]

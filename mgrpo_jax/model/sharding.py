@@ -1,0 +1,222 @@
+"""Sharding as config data: named mesh axes, logical axis names, rules that map one to the other.
+
+Every parameter of ``Transformer`` carries a tuple of *logical* axis names in its ``logical_axes``
+metadata (e.g. ``('layers', 'embed', 'q_heads', 'head_dim')``). Activations are constrained with
+logical names too (``act_batch``, ``act_heads``, ...). A *rules* tuple of ``(logical, mesh_axes)``
+pairs turns logical names into a ``PartitionSpec`` for a given mesh:
+
+- ``mesh_axes`` is ``None`` (replicate), one mesh-axis name, or a tuple of names (sharded over their
+  product);
+- mesh axes the mesh lacks, of size 1, already used by an earlier dimension of the same array, or that
+  do not divide the dimension, are dropped (so the same rules work on any mesh shape: a KV-head axis of
+  size 2 is simply replicated on a 4-way ``tensor`` axis);
+- logical names without a rule are replicated.
+
+``make_mesh`` builds a mesh with ``Auto`` axis types (classic ``jax.jit`` + ``NamedSharding``) from any
+device subset, so each agent gets its own mesh on disjoint devices. ``init_sharded`` creates a model
+whose parameters are born sharded (one jitted init with ``out_shardings``; no full host copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# (logical name, mesh axes). Parameters: FSDP over the model dimension, Megatron-style tensor
+# parallelism over heads / MLP hidden / vocab. Activations: batch over data x fsdp, heads over tensor.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    # parameters
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("layers", None),
+    ("norm", None),
+    # activations
+    ("act_batch", ("data", "fsdp")),
+    ("act_seq", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_head_dim", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    # KV cache [layers, batch, slots, kv_heads, head_dim] and its mask [batch, slots]
+    ("cache_layers", None),
+    ("cache_batch", ("data", "fsdp")),
+    ("cache_slots", None),
+    ("cache_kv_heads", "tensor"),
+    ("cache_head_dim", None),
+)
+
+Rules = tuple[tuple[str, Any], ...]
+
+
+def make_mesh(shape: dict[str, int] | Sequence[tuple[str, int]], devices: Sequence[Any] | None = None,
+              ) -> Mesh:
+    """A mesh with named axes over ``devices`` (default: all), every axis ``AxisType.Auto``.
+
+    ``shape`` maps axis name -> size in order, e.g. ``{'data': 2, 'fsdp': 2, 'tensor': 2}``; one size may
+    be ``-1`` (fill with the remaining devices). The product must equal the number of devices given, so
+    two agents can get meshes over disjoint subsets: ``make_mesh(s, jax.devices()[:4])`` and
+    ``make_mesh(s, jax.devices()[4:])``.
+    """
+    items = list(shape.items()) if isinstance(shape, dict) else list(shape)
+    names = tuple(n for n, _ in items)
+    sizes = [int(s) for _, s in items]
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    if sizes.count(-1) > 1:
+        raise ValueError("at most one mesh axis may be -1")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if n % known:
+            raise ValueError(f"{n} devices do not divide into known axes of product {known}")
+        sizes[sizes.index(-1)] = n // known
+    if math.prod(sizes) != n:
+        raise ValueError(f"mesh {dict(zip(names, sizes, strict=True))} needs {math.prod(sizes)} devices, "
+                         f"got {n}")
+    types = (AxisType.Auto,) * len(names)
+    all_devices = jax.devices()
+    if len(devices) == len(all_devices) and set(devices) == set(all_devices):
+        # Let JAX pick a topology-aware device order (matters on TPU).
+        return jax.make_mesh(tuple(sizes), names, axis_types=types, devices=devices)
+    return Mesh(np.asarray(devices, dtype=object).reshape(sizes), names, axis_types=types)
+
+
+def _rule_lookup(rules: Rules) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for name, axes in rules:
+        table.setdefault(name, axes)  # first rule wins
+    return table
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None,
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
+    """PartitionSpec for an array whose dims have these logical names (see module docstring)."""
+    table = _rule_lookup(rules)
+    used: set[str] = set()
+    out = []
+    for i, name in enumerate(logical_axes):
+        axes = table.get(name) if name is not None else None
+        if axes is None:
+            out.append(None)
+            continue
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        kept = []
+        size = 1
+        for ax in axes:
+            if ax in used:
+                continue
+            if mesh is not None:
+                if ax not in mesh.shape or mesh.shape[ax] == 1:
+                    continue
+                if shape is not None and shape[i] % (size * mesh.shape[ax]):
+                    continue
+                size *= mesh.shape[ax]
+            kept.append(ax)
+        used.update(kept)
+        out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshRules:
+    """A mesh plus logical rules: what the model needs to place parameters and constrain activations."""
+
+    mesh: Mesh
+    rules: Rules = DEFAULT_RULES
+
+    def spec(self, logical_axes, shape=None) -> PartitionSpec:
+        return logical_to_spec(logical_axes, self.rules, self.mesh, shape)
+
+    def sharding(self, logical_axes, shape=None) -> NamedSharding:
+        return NamedSharding(self.mesh, self.spec(logical_axes, shape))
+
+    def constrain(self, x: jax.Array, logical_axes) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x, self.sharding(logical_axes, x.shape))
+
+
+def constrain(x: jax.Array, logical_axes, mesh_rules: MeshRules | None) -> jax.Array:
+    """``with_sharding_constraint`` by logical names; a no-op without a mesh."""
+    if mesh_rules is None:
+        return x
+    return mesh_rules.constrain(x, logical_axes)
+
+
+def _var_logical_axes(v: nnx.Variable) -> tuple | None:
+    return v.get_metadata().get("logical_axes")
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
+    """A NamedSharding for every variable of an (abstract or concrete) model state."""
+
+    def f(v):
+        axes = _var_logical_axes(v)
+        spec = PartitionSpec() if axes is None else logical_to_spec(axes, rules, mesh, v.shape)
+        return v.replace(NamedSharding(mesh, spec))
+
+    return jax.tree.map(f, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def state_partition_specs(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
+    return jax.tree.map(lambda s: s.spec, state_shardings(state, mesh, rules))
+
+
+def abstract_model(cfg, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
+    """(graphdef, abstract state with shardings) of a ``Transformer`` — no memory allocated."""
+    from mgrpo_jax.model.transformer import Transformer
+
+    mr = None if mesh is None else MeshRules(mesh, tuple(rules))
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr))
+    graphdef, state = nnx.split(model)
+    if mesh is not None:
+        shard = state_shardings(state, mesh, rules)
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shard)
+    return graphdef, state
+
+
+def init_sharded(cfg, mesh: Mesh, rules: Rules = DEFAULT_RULES, rng: int | jax.Array = 0):
+    """A ``Transformer`` whose parameters are created directly in their sharded placement.
+
+    The initialiser runs inside one ``jax.jit`` with ``out_shardings`` from the rules, so each device
+    only materialises its own shards. The returned model also constrains its activations by the rules.
+    """
+    from mgrpo_jax.model.transformer import Transformer
+
+    rules = tuple(rules)
+    mr = MeshRules(mesh, rules)
+    graphdef, abs_state = nnx.split(
+        nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr)))
+    shard = state_shardings(abs_state, mesh, rules)
+    key = rng if isinstance(rng, jax.Array) else jax.random.key(int(rng))
+
+    def _init(k):
+        return nnx.state(Transformer(cfg, rngs=nnx.Rngs(k), mesh_rules=mr))
+
+    state = jax.jit(_init, out_shardings=shard)(key)
+    return nnx.merge(graphdef, state)
+
+
+def shard_model(model, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+    """Move an existing (e.g. single-device) model onto ``mesh`` by the rules; returns a new model."""
+    rules = tuple(rules)
+    graphdef, state = nnx.split(model)
+    shard = state_shardings(state, mesh, rules)
+    state = jax.device_put(state, shard)
+    new = nnx.merge(graphdef, state)
+    new.mesh_rules = MeshRules(mesh, rules)
+    return new

@@ -1,0 +1,348 @@
+"""Decoder-only transformer in Flax NNX (Llama / Qwen / Gemma families).
+
+Call convention::
+
+    logits, new_cache = model(tokens, positions, attention_mask=None, cache=None, cache_index=None)
+
+- ``tokens``, ``positions``: ``[B, T]`` int32. ``positions`` drive RoPE per row, so a right-padded
+  prompt keeps true positions for every row.
+- ``attention_mask``: ``[B, T]`` bool, True for real tokens (default all True). Keys that are False
+  are never attended to. Queries at padding tokens produce finite, meaningless logits.
+- Without ``cache``: causal self-attention over the ``T`` tokens; returns ``(logits, None)``.
+- With ``cache`` (from ``model.init_cache(B, S)``): the new tokens' keys/values are written at slots
+  ``[cache_index, cache_index + T)`` (``cache_index`` a scalar int32, may be traced, same for all rows),
+  their validity in ``cache['mask']`` is ``attention_mask``; the query of slot ``s`` attends to every
+  valid slot ``<= s``. Returns ``(logits, new_cache)``; the input cache is not modified (donate it).
+- ``logits``: ``[B, T, V]`` float32 (soft-capped if the config says so).
+
+Cache pytree (a dict)::
+
+    {'k': [L, B, S, K, Dh], 'v': [L, B, S, K, Dh]  (compute dtype; keys stored after RoPE),
+     'mask': [B, S] bool  (slot holds a real key)}
+
+Parameters are stored stacked over layers (leading ``L`` axis) and the layers run under
+``jax.lax.scan``, so compile time does not grow with depth. Each parameter carries ``logical_axes``
+metadata used by :mod:`mgrpo_jax.model.sharding`. RoPE uses the Hugging Face "rotate_half" layout
+(first half / second half of each head), so HF checkpoints load without permutation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.sharding import MeshRules, constrain
+
+_NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+# Names of the per-layer (stacked) parameters, in a fixed order.
+LAYER_PARAMS = ("attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm",
+                "mlp_norm", "gate", "up", "down")
+
+
+def _param(init, key, shape, dtype, logical_axes):
+    return nnx.Param(init(key, shape, dtype), logical_axes=tuple(logical_axes))
+
+
+def _fan_in_normal(fan_in: int, scale: float = 1.0):
+    std = scale / math.sqrt(fan_in)
+    return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def _zeros(key, shape, dtype):
+    del key
+    return jnp.zeros(shape, dtype)
+
+
+def _ones(key, shape, dtype):
+    del key
+    return jnp.ones(shape, dtype)
+
+
+class Layers(nnx.Module):
+    """All decoder blocks' parameters, stacked on a leading ``n_layers`` axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        L, D, H, K, Dh, F = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                             cfg.mlp_dim)
+        pd = cfg.params_dtype
+        norm_init = _zeros if cfg.norm_plus_one else _ones
+        out_scale = 1.0 / math.sqrt(2 * L)
+        self.attn_norm = _param(norm_init, None, (L, D), pd, ("layers", "norm"))
+        self.q = _param(_fan_in_normal(D), rngs.params(), (L, D, H, Dh), pd,
+                        ("layers", "embed", "q_heads", "head_dim"))
+        self.k = _param(_fan_in_normal(D), rngs.params(), (L, D, K, Dh), pd,
+                        ("layers", "embed", "kv_heads", "head_dim"))
+        self.v = _param(_fan_in_normal(D), rngs.params(), (L, D, K, Dh), pd,
+                        ("layers", "embed", "kv_heads", "head_dim"))
+        self.o = _param(_fan_in_normal(H * Dh, out_scale), rngs.params(), (L, H, Dh, D), pd,
+                        ("layers", "q_heads", "head_dim", "embed"))
+        if cfg.qkv_bias:
+            self.q_bias = _param(_zeros, None, (L, H, Dh), pd, ("layers", "q_heads", "head_dim"))
+            self.k_bias = _param(_zeros, None, (L, K, Dh), pd, ("layers", "kv_heads", "head_dim"))
+            self.v_bias = _param(_zeros, None, (L, K, Dh), pd, ("layers", "kv_heads", "head_dim"))
+        if cfg.qk_norm:
+            self.q_norm = _param(norm_init, None, (L, Dh), pd, ("layers", "head_dim"))
+            self.k_norm = _param(norm_init, None, (L, Dh), pd, ("layers", "head_dim"))
+        self.mlp_norm = _param(norm_init, None, (L, D), pd, ("layers", "norm"))
+        self.gate = _param(_fan_in_normal(D), rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
+        self.up = _param(_fan_in_normal(D), rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
+        self.down = _param(_fan_in_normal(F, out_scale), rngs.params(), (L, F, D), pd,
+                           ("layers", "mlp", "embed"))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {n: getattr(self, n)[...] for n in LAYER_PARAMS if hasattr(self, n)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure building blocks
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, plus_one: bool) -> jax.Array:
+    """RMSNorm computed in float32, cast back to ``x.dtype``."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    wf = w.astype(jnp.float32)
+    return (xf * (1.0 + wf if plus_one else wf)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+    if cfg.rope_llama3_scaling is not None:
+        factor, low, high, old_ctx = cfg.rope_llama3_scaling
+        low_wavelen = old_ctx / low
+        high_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = jnp.where(medium, smoothed, scaled)
+    return inv
+
+
+def rope_sin_cos(positions: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """sin, cos of shape ``[B, T, head_dim/2]`` (float32)."""
+    ang = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
+    return jnp.sin(ang), jnp.cos(ang)
+
+
+def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
+    """Rotate ``x [B, T, N, Dh]`` in the rotate_half layout (pairs (i, i + Dh/2))."""
+    xf = x.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    s, c = sin[:, :, None, :], cos[:, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def attention(q, k, v, mask, cfg: ModelConfig):
+    """q ``[B,T,H,Dh]``, k/v ``[B,S,K,Dh]``, mask ``[B,T,S]`` bool -> ``[B,T,H,Dh]``."""
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, Dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * cfg.attn_scale
+    if cfg.attn_logit_softcap is not None:
+        s = cfg.attn_logit_softcap * jnp.tanh(s / cfg.attn_logit_softcap)
+    s = jnp.where(mask[:, None, None, :, :], s, _NEG_INF)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+    return o.reshape(B, T, H, Dh)
+
+
+def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update):
+    """One decoder block. ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys."""
+    cdt = cfg.compute_dtype
+    w = {n: a.astype(cdt) for n, a in lp.items() if n not in ("attn_norm", "mlp_norm", "q_norm", "k_norm")}
+    eps, p1 = cfg.norm_eps, cfg.norm_plus_one
+
+    h = rms_norm(x, lp["attn_norm"], eps, p1)
+    q = jnp.einsum("btd,dhk->bthk", h, w["q"])
+    k = jnp.einsum("btd,dhk->bthk", h, w["k"])
+    v = jnp.einsum("btd,dhk->bthk", h, w["v"])
+    if cfg.qkv_bias:
+        q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+    q = constrain(q, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
+    k = constrain(k, ("act_batch", "act_seq", "act_kv_heads", "act_head_dim"), mr)
+    v = constrain(v, ("act_batch", "act_seq", "act_kv_heads", "act_head_dim"), mr)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], eps, p1)
+        k = rms_norm(k, lp["k_norm"], eps, p1)
+    q = apply_rope(q, sin, cos)
+    k = apply_rope(k, sin, cos)
+    k_all, v_all, kv_state = kv_update(k, v)
+    o = attention(q, k_all, v_all, mask, cfg)
+    o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
+    x = x + jnp.einsum("bthk,hkd->btd", o, w["o"])
+    x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
+
+    h = rms_norm(x, lp["mlp_norm"], eps, p1)
+    g = jnp.einsum("btd,df->btf", h, w["gate"])
+    u = jnp.einsum("btd,df->btf", h, w["up"])
+    act = jax.nn.silu(g) if cfg.mlp_activation == "silu" else jax.nn.gelu(g, approximate=True)
+    m = constrain(act * u, ("act_batch", "act_seq", "act_mlp"), mr)
+    x = x + jnp.einsum("btf,fd->btd", m, w["down"])
+    x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
+    return x, kv_state
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. See the module docstring for the call convention and cache format."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh_rules: MeshRules | None = None):
+        self.cfg = cfg
+        self.mesh_rules = mesh_rules
+        pd = cfg.params_dtype
+        D, V = cfg.d_model, cfg.vocab_size
+        emb_std = 1.0 / math.sqrt(D)  # tied head: logits ~ unit scale at init
+        self.embed = _param(lambda k, s, d: (emb_std * jax.random.normal(k, s, jnp.float32)).astype(d),
+                            rngs.params(), (V, D), pd, ("vocab", "embed"))
+        self.layers = Layers(cfg, rngs=rngs)
+        self.final_norm = _param(_zeros if cfg.norm_plus_one else _ones, None, (D,), pd, ("norm",))
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(_fan_in_normal(D), rngs.params(), (D, V), pd, ("embed", "vocab"))
+
+    # -- cache --------------------------------------------------------------------------------------
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> dict:
+        """Empty KV cache for ``batch`` rows and ``max_len`` slots (sharded when the model is)."""
+        return init_cache(self.cfg, batch, max_len, dtype=dtype, mesh_rules=self.mesh_rules)
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None):
+        cfg, mr = self.cfg, self.mesh_rules
+        cdt = cfg.compute_dtype
+        B, T = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((B, T), jnp.bool_)
+        attention_mask = attention_mask.astype(jnp.bool_)
+
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cdt)
+        if cfg.scale_embeddings:
+            x = x * jnp.asarray(math.sqrt(cfg.d_model), cdt)
+        x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
+        sin, cos = rope_sin_cos(positions, cfg)
+        layer_params = self.layers.arrays()
+
+        if cache is None:
+            causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
+            mask = causal[None] & attention_mask[:, None, :]
+
+            def body(x, lp):
+                x, _ = _block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None))
+                return x, None
+
+            if cfg.remat:
+                policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
+                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+            x, _ = jax.lax.scan(body, x, layer_params)
+            new_cache = None
+        else:
+            if cache_index is None:
+                raise ValueError("cache_index is required with a cache")
+            idx = jnp.asarray(cache_index, jnp.int32)
+            S = cache["mask"].shape[1]
+            zero = jnp.zeros((), jnp.int32)
+            slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
+            q_slot = idx + jnp.arange(T, dtype=jnp.int32)
+            mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+
+            def body(carry, xs):
+                x, ck, cv = carry
+                lp, i = xs
+
+                def kv_update(k, v):
+                    at = (i, zero, idx, zero, zero)
+                    nk = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
+                    nv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
+                    k_all = jax.lax.dynamic_index_in_dim(nk, i, 0, keepdims=False).astype(cdt)
+                    v_all = jax.lax.dynamic_index_in_dim(nv, i, 0, keepdims=False).astype(cdt)
+                    return k_all, v_all, (nk, nv)
+
+                x, (ck, cv) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update)
+                return (x, ck, cv), None
+
+            (x, ck, cv), _ = jax.lax.scan(
+                body, (x, cache["k"], cache["v"]),
+                (layer_params, jnp.arange(cfg.n_layers, dtype=jnp.int32)))
+            new_cache = {"k": ck, "v": cv, "mask": slot_mask}
+
+        x = rms_norm(x, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
+        if cfg.tie_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(cdt),
+                                preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(cdt),
+                                preferred_element_type=jnp.float32)
+        if cfg.logit_softcap is not None:
+            logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+        logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mr)
+        return logits, new_cache
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers used by the sampler and the trainer
+
+
+CACHE_AXES = {
+    "k": ("cache_layers", "cache_batch", "cache_slots", "cache_kv_heads", "cache_head_dim"),
+    "v": ("cache_layers", "cache_batch", "cache_slots", "cache_kv_heads", "cache_head_dim"),
+    "mask": ("cache_batch", "cache_slots"),
+}
+
+
+def cache_shape(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
+    """``jax.ShapeDtypeStruct`` pytree of the cache (no allocation)."""
+    dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
+    kv = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    return {"k": jax.ShapeDtypeStruct(kv, dt), "v": jax.ShapeDtypeStruct(kv, dt),
+            "mask": jax.ShapeDtypeStruct((batch, max_len), jnp.bool_)}
+
+
+def cache_shardings(cfg: ModelConfig, batch: int, max_len: int, mesh_rules: MeshRules) -> dict:
+    """NamedSharding per cache entry (batch over data x fsdp, KV heads over tensor)."""
+    shapes = cache_shape(cfg, batch, max_len)
+    return {n: mesh_rules.sharding(CACHE_AXES[n], shapes[n].shape) for n in shapes}
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None,
+               mesh_rules: MeshRules | None = None) -> dict:
+    shapes = cache_shape(cfg, batch, max_len, dtype)
+
+    def make():
+        return {n: jnp.zeros(s.shape, s.dtype) for n, s in shapes.items()}
+
+    if mesh_rules is None:
+        return make()
+    return jax.jit(make, out_shardings=cache_shardings(cfg, batch, max_len, mesh_rules))()
+
+
+def gather_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``log_softmax(logits)[..., targets]`` in float32 without materialising the full log-softmax."""
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return tgt - lse
+
+
+def token_logprobs(model: Transformer, tokens, positions, attention_mask=None) -> jax.Array:
+    """Teacher-forced ``log p(tokens[:, t] | tokens[:, :t])`` as ``[B, T]`` float32.
+
+    Column 0 is 0 (no context), and so is every column whose token is padding
+    (``attention_mask`` False). Same numerics as the model's forward pass.
+    """
+    B, T = tokens.shape
+    logits, _ = model(tokens, positions, attention_mask=attention_mask)
+    lp = gather_logprobs(logits[:, :-1], tokens[:, 1:])
+    lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
+    if attention_mask is not None:
+        lp = jnp.where(attention_mask.astype(jnp.bool_), lp, 0.0)
+    return lp
