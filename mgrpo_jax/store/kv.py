@@ -1,0 +1,208 @@
+"""A thin layer over a TensorStore KvStore rooted at the store's prefix.
+
+Adds: retries of transient errors, errors that name URL + key, conditional create ("first writer wins"),
+range listing that filters client-side (so a server that ignores list offsets cannot widen it), and deletes
+that only ever name single keys inside the root or bounded ranges on drivers that honour them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+
+import tensorstore as ts
+
+from mgrpo_jax.store.errors import StoreError, TransientStoreError
+from mgrpo_jax.store.retry import RetryPolicy, call_with_retry, is_transient
+from mgrpo_jax.store.url import StoreLocation
+
+# TensorStore's generation for "key does not exist"; an ``if_equal`` with it means create-only.
+NO_VALUE = b"\x02"
+
+_CONTEXT_LOCK = threading.Lock()
+_CONTEXT: ts.Context | None = None
+
+
+def shared_context() -> ts.Context:
+    """One TensorStore context per process: memory:// stores of the same URL share data through it.
+
+    TensorStore's own GCS retries are kept short; the store's RetryPolicy does the long back-off so that
+    the whole budget is visible and configurable in one place.
+    """
+    global _CONTEXT
+    with _CONTEXT_LOCK:
+        if _CONTEXT is None:
+            _CONTEXT = ts.Context(
+                {"gcs_request_retries": {"max_retries": 3, "initial_delay": "20ms", "max_delay": "200ms"}}
+            )
+        return _CONTEXT
+
+
+def key_range_after(prefix: str) -> str:
+    """The smallest key greater than every key that starts with ``prefix`` (exclusive upper bound)."""
+    raw = prefix.encode()
+    while raw and raw[-1] == 0xFF:
+        raw = raw[:-1]
+    if not raw:
+        return ""
+    return (raw[:-1] + bytes([raw[-1] + 1])).decode("latin-1")
+
+
+class KV:
+    """Key-value access relative to a StoreLocation's root."""
+
+    def __init__(self, location: StoreLocation, retry: RetryPolicy):
+        self.location = location
+        self.url = location.url
+        self.retry = retry
+        spec = location.kvstore_spec()
+        self._kv = self._retry(lambda: ts.KvStore.open(spec, context=shared_context()).result(), "open", "")
+
+    # -- error handling --------------------------------------------------------------------------------
+    def _retry(self, fn, op: str, key: str):
+        def giveup(exc: BaseException, attempts: int) -> Exception:
+            if is_transient(exc):
+                return TransientStoreError(
+                    f"store {op} failed after {attempts} attempts (transient error persisted): {exc}",
+                    url=self.url,
+                    key=key,
+                )
+            return StoreError(f"store {op} failed: {exc}", url=self.url, key=key)
+
+        return call_with_retry(fn, self.retry, giveup)
+
+    # Every I/O goes through these three (the seam tests use to inject failures). They return futures.
+    def _start_read(self, key: str):
+        return self._kv.read(key)
+
+    def _start_write(self, key: str, value: bytes | None, if_equal: bytes | None = None):
+        return self._kv.write(key, value, if_equal=if_equal)
+
+    def _start_list(self, lo: str, hi: str):
+        return self._kv.list(ts.KvStore.KeyRange(lo, hi))
+
+    def _raw_read(self, key: str):
+        return self._start_read(key).result()
+
+    def _raw_write(self, key: str, value: bytes | None, if_equal: bytes | None = None):
+        return self._start_write(key, value, if_equal).result()
+
+    def _raw_list(self, lo: str, hi: str) -> list[bytes]:
+        return self._start_list(lo, hi).result()
+
+    # -- single keys -----------------------------------------------------------------------------------
+    def read(self, key: str) -> tuple[bytes | None, bytes]:
+        """Returns ``(value or None if missing, generation)``."""
+        result = self._retry(lambda: self._raw_read(key), "read", key)
+        if result.state == "missing":
+            return None, NO_VALUE
+        return bytes(result.value), bytes(result.stamp.generation)
+
+    def write(self, key: str, value: bytes) -> None:
+        self._retry(lambda: self._raw_write(key, value), "write", key)
+
+    def write_if(self, key: str, value: bytes | None, generation: bytes) -> bool:
+        """Conditional write/delete; False when the key's generation no longer equals ``generation``."""
+        stamp = self._retry(
+            lambda: self._raw_write(key, value, if_equal=generation), "conditional write", key
+        )
+        return bytes(stamp.generation) != b""
+
+    def create(self, key: str, value: bytes) -> bool:
+        """Writes only if the key does not exist yet. True if this call created it.
+
+        A retry after a lost reply (the write landed, the answer did not) sees the key present and returns
+        False, so a retried write never produces a second copy.
+        """
+        return self.write_if(key, value, NO_VALUE)
+
+    def delete(self, key: str) -> None:
+        self._retry(lambda: self._raw_write(key, None), "delete", key)
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Reads keys concurrently; missing keys give None."""
+        futures = {}
+        for key in keys:
+            try:
+                futures[key] = self._start_read(key)
+            except Exception:  # noqa: BLE001 - fall back to the retried path below
+                futures[key] = None
+        out = []
+        for key in keys:
+            fut = futures[key]
+            try:
+                result = fut.result() if fut is not None else self._raw_read(key)
+                value = None if result.state == "missing" else bytes(result.value)
+            except Exception:  # noqa: BLE001 - retried (and classified) one by one
+                value, _ = self.read(key)
+            out.append(value)
+        return out
+
+    def create_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Create-only writes issued concurrently; per key True if this call created it."""
+        items = list(items)
+        futures = []
+        for key, value in items:
+            try:
+                futures.append(self._start_write(key, value, NO_VALUE))
+            except Exception:  # noqa: BLE001
+                futures.append(None)
+        out = []
+        for (key, value), fut in zip(items, futures, strict=True):
+            try:
+                if fut is None:
+                    raise ConnectionError("write not issued")
+                out.append(bytes(fut.result().generation) != b"")
+            except Exception:  # noqa: BLE001 - retried (and classified) one by one
+                out.append(self.create(key, value))
+        return out
+
+    # -- listing and deletion --------------------------------------------------------------------------
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Sorted keys that start with ``prefix`` (relative to the root)."""
+        return self.list_range(prefix, key_range_after(prefix), prefix=prefix)
+
+    def list_range(self, lo: str, hi: str, *, prefix: str = "") -> list[str]:
+        """Sorted keys in ``[lo, hi)``; filtered here too, in case the server ignores the range."""
+        raw = self._retry(lambda: self._raw_list(lo, hi), "list", lo)
+        keys = []
+        for k in raw:
+            key = k.decode()
+            if key >= lo and (not hi or key < hi) and key.startswith(prefix):
+                keys.append(key)
+        return sorted(keys)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Deletes every key under ``prefix`` (which must be non-empty and end in ``/``); returns the count.
+
+        On GCS this lists and deletes keys one by one: a range delete there goes through objects.list with
+        start/end offsets, which some servers (the test emulator) ignore, turning it into a bucket wipe.
+        """
+        if not prefix or not prefix.endswith("/"):
+            raise ValueError(f"delete_prefix needs a non-empty prefix ending in '/', got {prefix!r}")
+        keys = self.list_prefix(prefix)
+        if self.location.scheme == "gs":
+            futures = []
+            for key in keys:
+                try:
+                    futures.append((key, self._start_write(key, None)))
+                except Exception:  # noqa: BLE001
+                    futures.append((key, None))
+            for key, fut in futures:
+                try:
+                    if fut is None:
+                        raise ConnectionError("delete not issued")
+                    fut.result()
+                except Exception:  # noqa: BLE001 - retried (and classified) one by one
+                    self.delete(key)
+        else:
+            hi = key_range_after(prefix)
+            self._retry(
+                lambda: self._kv.delete_range(ts.KvStore.KeyRange(prefix, hi)).result(), "delete", prefix
+            )
+        return len(keys)
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
