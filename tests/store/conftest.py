@@ -1,0 +1,104 @@
+"""Store test fixtures: a store URL per backend (memory://, file://, gs:// over a local GCS emulator).
+
+The emulator is ``gcp-storage-emulator`` started through ``emulator_launcher.py`` (which fixes its
+``objects.list`` offsets and generation preconditions) on 127.0.0.1 at a free port, once per session and
+only when a gs:// test runs. The endpoint variables are set here, at import, before anything imports gcsfs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BUCKET = "mgrpo-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+EMULATOR_PORT = _free_port()
+EMULATOR_URL = f"http://127.0.0.1:{EMULATOR_PORT}"
+# TensorStore and gcsfs read these from the environment; gcsfs needs them before it is imported.
+os.environ["TENSORSTORE_GCS_HTTP_URL"] = EMULATOR_URL
+os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = "dummy"
+os.environ["STORAGE_EMULATOR_HOST"] = EMULATOR_URL
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+BACKENDS = ("memory", "file", "gs")
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for child processes: the repo on the path and the emulator settings."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """Starts the patched emulator for the session; yields its base URL."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "emulator_launcher.py"),
+            "--port",
+            str(EMULATOR_PORT),
+            "--bucket",
+            BUCKET,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("READY"):
+            raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")
+        yield EMULATOR_URL
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def make_url(backend: str, request, tmp_path: Path, name: str = "store") -> str:
+    unique = uuid.uuid4().hex[:12]
+    if backend == "memory":
+        return f"memory://{name}-{unique}"
+    if backend == "file":
+        return (tmp_path / name).as_uri()
+    request.getfixturevalue("gcs_emulator")
+    return f"gs://{BUCKET}/{unique}/{name}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store_url(backend, request, tmp_path) -> str:
+    """A fresh, empty store URL on each backend."""
+    return make_url(backend, request, tmp_path)
+
+
+@pytest.fixture
+def fast_poll():
+    from mgrpo_jax.store import PollPolicy
+
+    return PollPolicy(initial_s=0.005, max_s=0.05)
