@@ -105,7 +105,7 @@ FACT_TYPES: tuple[FactType, ...] = (
         "located_in", CITY, COUNTRY,
         ("the country of {x}", "the country in which {x} lies"),
         ("{s} is a city in {o}.", "{s} lies in {o}.", "{s} is located in {o}."),
-        ("country", "located in", "lies in"),
+        ("country of", "country in which", "which country", "located in", "lies in"),
         "city located in country", "region province",
     ),
     _relation(

@@ -289,9 +289,20 @@ class SearchTool(Tool):
         self.backend, self.top_k = backend, top_k
 
     def _run(self, query: str) -> str:
+        return self.search_with_hits(query)[0]
+
+    def search_with_hits(self, query: str) -> tuple[str, list[SearchHit]]:
+        """The tool's text and the hits behind it (scripted experts choose among the hits)."""
         if not query.strip():
-            return "Error: the search query is empty."
-        hits = self.backend.search(query, self.top_k)
+            return "Error: the search query is empty.", []
+        try:
+            hits = self.backend.search(query, self.top_k)
+        except BackendError as failure:
+            return f"Error: {failure}", []
+        return self._format(query, hits), hits
+
+    @staticmethod
+    def _format(query: str, hits: list[SearchHit]) -> str:
         if not hits:
             return f'No results for "{query}". Try other keywords.'
         lines = [f'Search results for "{query}":']
