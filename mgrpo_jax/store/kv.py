@@ -139,14 +139,13 @@ class KV:
             out.append(value)
         return out
 
-    def create_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
-        """Create-only writes issued concurrently; per key True if this call created it."""
+    def _write_many(self, items: Iterable[tuple[str, bytes]], if_equal: bytes | None) -> list[bool]:
         items = list(items)
         futures = []
         for key, value in items:
             try:
-                futures.append(self._start_write(key, value, NO_VALUE))
-            except Exception:  # noqa: BLE001
+                futures.append(self._start_write(key, value, if_equal))
+            except Exception:  # noqa: BLE001 - retried below
                 futures.append(None)
         out = []
         for (key, value), fut in zip(items, futures, strict=True):
@@ -155,8 +154,20 @@ class KV:
                     raise ConnectionError("write not issued")
                 out.append(bytes(fut.result().generation) != b"")
             except Exception:  # noqa: BLE001 - retried (and classified) one by one
-                out.append(self.create(key, value))
+                if if_equal is None:
+                    self.write(key, value)
+                    out.append(True)
+                else:
+                    out.append(self.write_if(key, value, if_equal))
         return out
+
+    def write_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Unconditional writes issued concurrently (failures retried one by one)."""
+        self._write_many(items, None)
+
+    def create_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Create-only writes issued concurrently; per key True if this call created it."""
+        return self._write_many(items, NO_VALUE)
 
     # -- listing and deletion --------------------------------------------------------------------------
     def list_prefix(self, prefix: str) -> list[str]:

@@ -204,12 +204,7 @@ class StepWriter:
         if self.committed or not records:
             return 0
         items = {f"{self._base}records/{r.kind}/{r.id}.json": r.encode() for r in records}
-        futures = [(key, self.store.kv._start_write(key, value)) for key, value in items.items()]
-        for key, fut in futures:
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - retried (and classified) one by one
-                self.store.kv.write(key, items[key])
+        self.store.kv.write_many(items.items())
         for rec in records:
             self._records.setdefault(rec.kind, set()).add(rec.id)
         return len(items)
