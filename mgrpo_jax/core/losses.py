@@ -1,0 +1,195 @@
+"""Policy losses over masked token arrays, and the registry that lets a config pick one by name.
+
+Every loss has the signature
+
+    loss_fn(inputs: PolicyLossInputs, **hparams) -> (loss_sum, denominator, metrics)
+
+and the objective is `loss_sum / denominator` after summing both over micro-batches and devices, so
+gradient accumulation and data parallelism add up exactly. `metrics` are means over this call's trained
+tokens (plus `tokens`, the count to weight them by when combining calls; `ratio_min`/`ratio_max` combine
+by min/max).
+
+Register your own with
+
+    @register_loss("my_loss")
+    def my_loss(inputs, **hparams): ...
+
+and select it with `config.loss.name = "my_loss"`.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RATIO_LEVELS = ("token", "sequence", "sequence-mean")
+KL_ESTIMATORS = ("k1", "k3")
+
+
+class PolicyLossInputs(NamedTuple):
+    """One batch of trajectories. B rows (trajectories), T tokens each."""
+
+    logprobs: jax.Array  # [B, T] log pi_theta(token) under the policy being trained
+    old_logprobs: jax.Array  # [B, T] behaviour log-probs recorded by the sampler
+    advantages: jax.Array  # [B] per trajectory, or [B, T] per token
+    mask: jax.Array  # [B, T] 1 on tokens the policy generated (tool responses and padding are 0)
+    weights: jax.Array | None = None  # [B] row weights (alignment weights; 0 = padding row)
+    ref_logprobs: jax.Array | None = None  # [B, T] frozen reference policy, for the KL term
+    entropy: jax.Array | None = None  # [B, T] per-token entropy of the policy, reported only
+
+
+def _masked_mean(values, mask):
+    return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def aggregate(token_losses, mask, weights, mode: str = "seq-mean-token-mean", max_tokens: int | None = None):
+    """Reduce [B, T] per-token losses to `(loss_sum, denominator)` according to `mode`.
+
+    seq-mean-token-mean      mean over a row's tokens, then mean over rows (GRPO);
+    token-mean               mean over every trained token of the batch (DAPO);
+    seq-mean-token-sum       sum over a row's tokens, mean over rows;
+    seq-mean-token-sum-norm  sum over a row's tokens / max_tokens (default T), mean over rows (Dr. GRPO).
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation={mode!r} is not one of {AGGREGATIONS}")
+    mask = mask.astype(jnp.float32)
+    row_sum = (token_losses * mask).sum(-1)
+    row_tokens = mask.sum(-1)
+    if mode == "token-mean":
+        return (weights * row_sum).sum(), (weights * row_tokens).sum()
+    if mode == "seq-mean-token-mean":
+        per_row = row_sum / jnp.maximum(row_tokens, 1.0)
+        return (weights * per_row).sum(), (weights * (row_tokens > 0)).sum()
+    if mode == "seq-mean-token-sum":
+        return (weights * row_sum).sum(), weights.sum()
+    norm = float(max_tokens if max_tokens is not None else token_losses.shape[-1])
+    return (weights * row_sum / norm).sum(), weights.sum()
+
+
+def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3"):
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta: k1 or the low-variance k3."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+    log_ratio = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -log_ratio
+    return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+def ppo_clip_loss(
+    inputs: PolicyLossInputs,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    dual_clip: float | None = None,
+    ratio_level: str = "token",
+    aggregation: str = "seq-mean-token-mean",
+    max_tokens: int | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+):
+    """PPO-clipped surrogate with clip-higher, optional dual clip and an optional KL to a reference.
+
+    ratio_level: "token" (per-token ratio), "sequence" (the paper's trajectory ratio, the product of the
+    token ratios, formed in log space) or "sequence-mean" (GSPO's length-normalised geometric mean).
+    """
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    mask = inputs.mask.astype(jnp.float32)
+    batch = mask.shape[0]
+    weights = jnp.ones((batch,), jnp.float32) if inputs.weights is None else inputs.weights.astype(jnp.float32)
+    advantages = inputs.advantages.astype(jnp.float32)
+    if advantages.ndim == 1:
+        advantages = jnp.broadcast_to(advantages[:, None], mask.shape)
+
+    log_ratio = (inputs.logprobs - inputs.old_logprobs) * mask
+    if ratio_level != "token":
+        seq_log_ratio = log_ratio.sum(-1)
+        if ratio_level == "sequence-mean":
+            seq_log_ratio = seq_log_ratio / jnp.maximum(mask.sum(-1), 1.0)
+        log_ratio = jnp.broadcast_to(seq_log_ratio[:, None], mask.shape)
+    ratio = jnp.exp(log_ratio)
+    clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    surrogate = jnp.minimum(ratio * advantages, clipped_ratio * advantages)
+    if dual_clip is not None:
+        surrogate = jnp.where(advantages < 0, jnp.maximum(surrogate, dual_clip * advantages), surrogate)
+    token_losses = -surrogate
+    kl = None
+    if inputs.ref_logprobs is not None:
+        kl = kl_penalty(inputs.logprobs, inputs.ref_logprobs, kl_estimator)
+        token_losses = token_losses + kl_coef * kl
+    loss_sum, denominator = aggregate(token_losses, mask, weights, aggregation, max_tokens)
+
+    trained = mask * (weights[:, None] > 0)
+    clipped = (clipped_ratio * advantages < ratio * advantages).astype(jnp.float32)
+    big = jnp.float32(jnp.finfo(jnp.float32).max)
+    metrics = {
+        "tokens": trained.sum(),
+        "clip_frac": _masked_mean(clipped, trained),
+        "ratio_mean": _masked_mean(ratio, trained),
+        "ratio_min": jnp.where(trained > 0, ratio, big).min(),
+        "ratio_max": jnp.where(trained > 0, ratio, -big).max(),
+        # k3 estimate of KL(old || new) from the old policy's samples.
+        "approx_kl": _masked_mean(kl_penalty(inputs.old_logprobs, inputs.logprobs, "k3"), trained),
+    }
+    if kl is not None:
+        metrics["kl_ref"] = _masked_mean(kl, trained)
+    if inputs.entropy is not None:
+        metrics["entropy"] = _masked_mean(inputs.entropy, trained)
+    return loss_sum, denominator, metrics
+
+
+LossFn = Callable[..., tuple[jax.Array, jax.Array, dict]]
+_REGISTRY: dict[str, LossFn] = {}
+
+
+def register_loss(name: str, *, overwrite: bool = False):
+    """Decorator registering `fn(inputs, **hparams) -> (loss_sum, denominator, metrics)` under `name`."""
+
+    def decorator(fn: LossFn) -> LossFn:
+        if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
+            raise ValueError(f"a loss named {name!r} is already registered; pass overwrite=True to replace it")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_loss(name: str) -> LossFn:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown loss {name!r}; registered losses: {', '.join(available_losses())}") from None
+
+
+def available_losses() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@register_loss("grpo")
+def grpo_loss(inputs: PolicyLossInputs, **hparams):
+    """GRPO / M-GRPO: token-level clipped ratio, clip-higher (0.2, 0.28), per-sequence token mean."""
+    return ppo_clip_loss(inputs, **hparams)
+
+
+@register_loss("dr_grpo")
+def dr_grpo_loss(inputs: PolicyLossInputs, **hparams):
+    """Dr. GRPO: token sums normalised by a constant length, so long answers are not down-weighted.
+
+    Pair it with `scale="none"` advantages, as the Dr. GRPO paper does.
+    """
+    hparams.setdefault("aggregation", "seq-mean-token-sum-norm")
+    return ppo_clip_loss(inputs, **hparams)
+
+
+@register_loss("gspo")
+def gspo_loss(inputs: PolicyLossInputs, **hparams):
+    """GSPO: one length-normalised sequence ratio per trajectory, with GSPO's narrow clip range."""
+    hparams.setdefault("ratio_level", "sequence-mean")
+    hparams.setdefault("eps_low", 3e-4)
+    hparams.setdefault("eps_high", 4e-4)
+    return ppo_clip_loss(inputs, **hparams)

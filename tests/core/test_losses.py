@@ -1,0 +1,166 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mgrpo_jax.core import PolicyLossInputs, available_losses, get_loss, kl_penalty, ppo_clip_loss, register_loss
+from mgrpo_jax.core.losses import AGGREGATIONS
+
+
+def _inputs(logprobs, old, adv, mask, **kw):
+    return PolicyLossInputs(jnp.asarray(logprobs, jnp.float32), jnp.asarray(old, jnp.float32),
+                            jnp.asarray(adv, jnp.float32), jnp.asarray(mask, jnp.float32), **kw)
+
+
+def _loss(inputs, **kw):
+    loss_sum, denom, _ = ppo_clip_loss(inputs, **kw)
+    return loss_sum / denom
+
+
+def test_hand_computed_token_level_clipped_loss():
+    # Ratios exp(log 1.5)=1.5 (clipped to 1.28 for A>0), 1.0, 0.5 (clipped to 0.8 for A<0 -> min picks 0.8*A).
+    old = np.zeros((2, 3))
+    new = np.log(np.array([[1.5, 1.0, 1.0], [0.5, 1.0, 1.0]]))
+    adv = np.array([1.0, -2.0])
+    mask = np.array([[1, 1, 0], [1, 1, 1]])
+    # row 0: tokens -min(1.5, 1.28)*1 = -1.28, -1.0 -> mean -1.14
+    # row 1: -min(0.5*-2, 0.8*-2) = 1.6, 2.0, 2.0 -> mean 1.8666..
+    expected = (-1.14 + (1.6 + 2.0 + 2.0) / 3) / 2
+    np.testing.assert_allclose(_loss(_inputs(new, old, adv, mask)), expected, rtol=1e-6)
+    _, _, metrics = ppo_clip_loss(_inputs(new, old, adv, mask))
+    np.testing.assert_allclose(metrics["clip_frac"], 2 / 5)
+    np.testing.assert_allclose(metrics["ratio_max"], 1.5, rtol=1e-6)
+    np.testing.assert_allclose(metrics["ratio_min"], 0.5, rtol=1e-6)
+    assert float(metrics["tokens"]) == 5
+
+
+def test_aggregation_modes_hand_computed():
+    # At ratio 1 every token's loss is -A. Row 0 has 1 token (A=1), row 1 has 3 tokens (A=2).
+    mask = np.array([[1, 0, 0, 0], [1, 1, 1, 0]])
+    inputs = _inputs(np.zeros((2, 4)), np.zeros((2, 4)), [1.0, 2.0], mask)
+    want = {
+        "seq-mean-token-mean": (-1 - 2) / 2,
+        "token-mean": (-1 - 6) / 4,
+        "seq-mean-token-sum": (-1 - 6) / 2,
+        "seq-mean-token-sum-norm": (-1 / 4 - 6 / 4) / 2,
+    }
+    for mode, value in want.items():
+        np.testing.assert_allclose(_loss(inputs, aggregation=mode), value, rtol=1e-6, err_msg=mode)
+
+
+def test_row_weights_multiply_in_and_zero_weight_rows_vanish():
+    mask = np.ones((3, 2))
+    adv = np.array([1.0, 3.0, 100.0])
+    inputs = _inputs(np.zeros((3, 2)), np.zeros((3, 2)), adv, mask, weights=jnp.array([2.0, 1.0, 0.0]))
+    np.testing.assert_allclose(_loss(inputs), (2 * -1 + 1 * -3) / 3, rtol=1e-6)
+
+
+@settings(max_examples=25)
+@given(st.sampled_from(AGGREGATIONS), st.sampled_from(["token", "sequence", "sequence-mean"]), st.integers(0, 999))
+def test_micro_batches_add_up_exactly(aggregation, ratio_level, seed):
+    rng = np.random.default_rng(seed)
+    b, t = 6, 5
+    mask = (rng.random((b, t)) < 0.7).astype(np.float32)
+    inputs = _inputs(rng.normal(size=(b, t)) * 0.1, rng.normal(size=(b, t)) * 0.1, rng.normal(size=b), mask,
+                     weights=jnp.asarray(rng.choice([0.0, 1.0, 2.0], size=b), jnp.float32))
+    kw = dict(aggregation=aggregation, ratio_level=ratio_level, max_tokens=t)
+    full_sum, full_denom, _ = ppo_clip_loss(inputs, **kw)
+    parts = [ppo_clip_loss(jax.tree.map(lambda x, s=s: x[s], inputs), **kw) for s in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_allclose(sum(p[0] for p in parts), full_sum, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sum(p[1] for p in parts), full_denom, rtol=1e-6)
+
+
+def test_positive_advantage_gradient_raises_sampled_token_logprobs():
+    mask = np.array([[1, 1, 1, 0]], np.float32)
+    grad = jax.grad(lambda lp: _loss(_inputs(lp, np.zeros((1, 4)), [1.5], mask)))(jnp.zeros((1, 4)))
+    # Gradient descent moves against the gradient: a negative gradient raises the log-probability.
+    assert np.all(np.asarray(grad)[0, :3] < 0)
+    assert np.asarray(grad)[0, 3] == 0  # untrained token
+    grad_neg = jax.grad(lambda lp: _loss(_inputs(lp, np.zeros((1, 4)), [-1.5], mask)))(jnp.zeros((1, 4)))
+    assert np.all(np.asarray(grad_neg)[0, :3] > 0)
+
+
+def test_clipped_tokens_get_zero_gradient():
+    old = np.zeros((1, 4))
+    # ratios 1.5 (A>0: clipped), 0.5 (A>0: not clipped), 1.1 (inside), 0.7 (A>0, below 1-eps: not clipped)
+    lp = jnp.log(jnp.array([[1.5, 0.5, 1.1, 0.7]]))
+    grad = np.asarray(jax.grad(lambda x: _loss(_inputs(x, old, [1.0], np.ones((1, 4)))))(lp))
+    assert grad[0, 0] == 0 and np.all(grad[0, 1:] != 0)
+    # With A<0 the low side is the clipped one.
+    lp_neg = jnp.log(jnp.array([[0.5, 1.5, 1.0, 0.9]]))
+    grad_neg = np.asarray(jax.grad(lambda x: _loss(_inputs(x, old, [-1.0], np.ones((1, 4)))))(lp_neg))
+    assert grad_neg[0, 0] == 0 and np.all(grad_neg[0, 1:] != 0)
+
+
+def test_dual_clip_bounds_the_loss_for_negative_advantages():
+    inputs = _inputs(np.log([[5.0]]), np.zeros((1, 1)), [-1.0], np.ones((1, 1)))
+    np.testing.assert_allclose(_loss(inputs), 5.0, rtol=1e-6)
+    np.testing.assert_allclose(_loss(inputs, dual_clip=3.0), 3.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="dual_clip"):
+        _loss(inputs, dual_clip=0.5)
+
+
+def test_sequence_ratio_is_the_product_of_token_ratios():
+    lp = np.log([[1.1, 1.1, 2.0]])
+    mask = np.array([[1, 1, 0]])
+    inputs = _inputs(lp, np.zeros((1, 3)), [1.0], mask)
+    # product over trained tokens = 1.21 -> clipped at 1.28? no: 1.21 < 1.28, so loss = -1.21
+    np.testing.assert_allclose(_loss(inputs, ratio_level="sequence"), -1.21, rtol=1e-5)
+    # GSPO's geometric mean = 1.1, clipped to 1 + 4e-4 by its narrow range.
+    np.testing.assert_allclose(get_loss("gspo")(inputs)[0], -(1 + 4e-4), rtol=1e-6)
+
+
+def test_kl_estimators_hand_computed():
+    lp = jnp.log(jnp.array([0.5]))
+    ref = jnp.log(jnp.array([0.25]))
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k1"), np.log(2.0), rtol=1e-6)
+    np.testing.assert_allclose(kl_penalty(lp, ref, "k3"), 0.5 - np.log(0.5) - 1, rtol=1e-6)
+    inputs = _inputs(lp[None], np.log([[0.5]]), [0.0], np.ones((1, 1)), ref_logprobs=ref[None])
+    np.testing.assert_allclose(_loss(inputs, kl_coef=0.1, kl_estimator="k1"), 0.1 * np.log(2), rtol=1e-5)
+    np.testing.assert_allclose(ppo_clip_loss(inputs)[2]["kl_ref"], 0.5 - np.log(0.5) - 1, rtol=1e-5)
+
+
+def test_registry_ships_three_losses_and_accepts_new_ones():
+    assert {"grpo", "dr_grpo", "gspo"} <= set(available_losses())
+    with pytest.raises(KeyError, match="registered losses: .*grpo"):
+        get_loss("ppo_v9")
+
+    @register_loss("test_reinforce")
+    def reinforce(inputs, **_):
+        token = -inputs.advantages[:, None] * inputs.logprobs
+        return (token * inputs.mask).sum(), inputs.mask.sum(), {}
+
+    assert get_loss("test_reinforce") is reinforce
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss("test_reinforce")(lambda inputs: None)
+
+
+def test_dr_grpo_defaults_to_constant_length_normalisation():
+    inputs = _inputs(np.zeros((1, 4)), np.zeros((1, 4)), [1.0], np.array([[1, 1, 0, 0]]))
+    loss_sum, denom, _ = get_loss("dr_grpo")(inputs)
+    np.testing.assert_allclose(loss_sum / denom, -2 / 4)
+
+
+def test_jit_equals_eager_for_every_registered_loss():
+    rng = np.random.default_rng(0)
+    inputs = _inputs(rng.normal(size=(4, 7)) * 0.2, rng.normal(size=(4, 7)) * 0.2, rng.normal(size=4),
+                     rng.random((4, 7)) < 0.8, entropy=jnp.ones((4, 7)))
+    for name in ("grpo", "dr_grpo", "gspo"):
+        fn = get_loss(name)
+        eager = fn(inputs)
+        jitted = jax.jit(fn)(inputs)
+        np.testing.assert_allclose(jitted[0], eager[0], rtol=1e-6)
+        np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
+        np.testing.assert_allclose(jitted[2]["entropy"], 1.0)
+
+
+def test_bad_options_are_named():
+    inputs = _inputs(np.zeros((1, 1)), np.zeros((1, 1)), [1.0], np.ones((1, 1)))
+    with pytest.raises(ValueError, match="aggregation='mean'"):
+        ppo_clip_loss(inputs, aggregation="mean")
+    with pytest.raises(ValueError, match="ratio_level"):
+        ppo_clip_loss(inputs, ratio_level="turn")
+    with pytest.raises(ValueError, match="kl_estimator"):
+        ppo_clip_loss(inputs._replace(ref_logprobs=jnp.zeros((1, 1))), kl_estimator="k2")
