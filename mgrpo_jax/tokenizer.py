@@ -36,7 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import sentencepiece as spm
 
-try:  # The environment package owns the protocol grammar; keep the literal list as a fallback.
+# The environment package owns the protocol grammar. The literal fallback (same strings, same order, so
+# the special-token ids do not depend on which one is used) keeps this module importable on its own.
+try:
     from mgrpo_jax.env.protocol import PROTOCOL_TAGS as _ENV_PROTOCOL_TAGS  # type: ignore
 except Exception:  # pragma: no cover - depends on whether mgrpo_jax.env.protocol exists yet
     _ENV_PROTOCOL_TAGS = None
@@ -54,10 +56,10 @@ PROTOCOL_TAGS: tuple[str, ...] = tuple(
         "</think>",
         "<tool_call>",
         "</tool_call>",
-        "<tool_response>",
-        "</tool_response>",
         "<answer>",
         "</answer>",
+        "<tool_response>",
+        "</tool_response>",
     )
 )
 SPECIAL_TOKENS: tuple[str, ...] = (TURN_START, TURN_END, *ROLE_TOKENS.values(), *PROTOCOL_TAGS)

@@ -1,1 +1,43 @@
+"""Jitted batched sampling with a donated KV cache (see ``sampler.py`` for the log-prob convention).
 
+Public API::
+
+    from mgrpo_jax.sampling import Sampler, generate, sample_logits, filter_logits, pad_prompts, bucket
+    sampler = Sampler(model, pad_id=tok.pad_id, top_k=0, top_p=1.0)
+    out = sampler.sample(list_of_id_lists, max_new=128, rng=seed, temperature=1.0,
+                         stop_tokens=tok.stop_ids, budgets=None)   # -> SampleOutput (numpy)
+    out.tokens [B, max_new], out.logprobs [B, max_new], out.lengths [B], out.stopped [B]
+    sampler.update_weights(model)  # new parameters, no recompilation
+"""
+
+from mgrpo_jax.sampling.buckets import (
+    DEFAULT_BATCH_BUCKETS,
+    DEFAULT_LENGTH_BUCKETS,
+    bucket,
+    pad_prompts,
+    pow2_buckets,
+)
+from mgrpo_jax.sampling.sampler import (
+    NO_STOP,
+    SampleOutput,
+    Sampler,
+    filter_logits,
+    generate,
+    sample_logits,
+    stop_table,
+)
+
+__all__ = [
+    "DEFAULT_BATCH_BUCKETS",
+    "DEFAULT_LENGTH_BUCKETS",
+    "NO_STOP",
+    "SampleOutput",
+    "Sampler",
+    "bucket",
+    "filter_logits",
+    "generate",
+    "pad_prompts",
+    "pow2_buckets",
+    "sample_logits",
+    "stop_table",
+]

@@ -1,0 +1,379 @@
+"""Jitted prefill + decode over a preallocated, donated KV cache.
+
+One call samples a whole batch of continuations inside a single ``jax.jit``:
+
+1. **Prefill**: the right-padded prompts ``[B, P]`` are written into cache slots ``[0, P)`` in one forward
+   pass (padding slots are marked invalid in the cache mask); each row's first new token is sampled from the
+   logits at its own last prompt position ``L_b - 1``.
+2. **Decode**: a ``lax.while_loop`` feeds the previous token of every row at slot ``P + i - 1`` with its own
+   position ``L_b + i - 1`` (rows advance in lockstep through the cache; per-row positions drive RoPE, so a
+   short prompt gives exactly what it gives alone), samples token ``i``, and stops as soon as every row is
+   done (stop token or budget). No host round-trip per token.
+
+The cache is an argument of the jitted function and is donated, and the call returns it; ``Sampler`` keeps
+one cache per shape bucket and hands it back on the next call, so its memory is reused, never reallocated.
+The model's parameters are also an argument (``nnx.split`` state), so ``Sampler.update_weights`` after a
+train step swaps weights without recompiling (as long as shapes, dtypes and shardings stay the same).
+
+**Recorded log-probs.** ``logprobs[b, i]`` is ``log q(tokens[b, i])`` under the distribution the token was
+actually drawn from: ``softmax(filter(logits / temperature))``, where ``filter`` applies top-k and then
+top-p (nucleus) by setting the excluded logits to ``-inf``. This is the behaviour policy PPO needs: with
+temperature 1 and no top-k/top-p it equals the model's own log-prob ``log_softmax(logits)`` (the value the
+trainer recomputes teacher-forced, so importance ratios start at 1). Greedy rows (temperature 0) have a
+degenerate sampling distribution; for them we record the unfiltered model log-prob ``log_softmax(logits)``
+of the argmax token instead of 0, which is the more useful number for evaluation.
+
+Compilation: one executable per (batch, prompt length, max_new, top_k, top_p) — use
+:mod:`mgrpo_jax.sampling.buckets` to round shapes to a few buckets. Temperatures, stop-token sets,
+per-row budgets and RNG keys are traced arrays, so changing them never recompiles.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, pad_prompts
+
+NO_STOP = -1  # filler of the per-row stop-token table
+STOP_WIDTH_BUCKETS = (4, 16, 64)
+
+
+class SampleOutput(NamedTuple):
+    """Result of one sampler call (rows in the order given; padding rows removed by ``Sampler.sample``).
+
+    tokens:   [B, max_new] int32, ``pad_id`` after a row's end.
+    logprobs: [B, max_new] float32, log-prob of each sampled token under the sampling distribution
+              (see module docstring); 0 after a row's end.
+    lengths:  [B] int32, number of new tokens (a stop token, if any, is included and counted).
+    stopped:  [B] bool, True if the row ended on one of its stop tokens (False: budget ran out).
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    stopped: jax.Array
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure kernels
+
+
+def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """``logits [B, V] / temperature [B]``, then top-k, then top-p; excluded entries become ``-inf``.
+
+    ``temperature`` must be > 0 here (greedy rows are handled by the caller). Ties at a cut-off value are
+    kept, so a filter can keep slightly more than k tokens but never drops the argmax.
+    """
+    x = logits.astype(jnp.float32) / temperature.astype(jnp.float32)[:, None]
+    V = x.shape[-1]
+    if top_k and top_k < V:
+        kth = jax.lax.top_k(x, top_k)[0][:, -1:]
+        x = jnp.where(x >= kth, x, -jnp.inf)
+    if top_p < 1.0:
+        desc = -jnp.sort(-x, axis=-1)
+        probs = jax.nn.softmax(desc, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each sorted entry
+        keep = before < top_p  # always keeps the first (largest) entry
+        cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x >= cutoff, x, -jnp.inf)
+    return x
+
+
+def sample_logits(
+    logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: int = 0, top_p: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row. ``keys``: [B] typed PRNG keys; ``temperature`` [B] (0 = greedy).
+
+    Returns ``(tokens [B] int32, logprobs [B] f32)`` — log-probs under the sampling distribution, the
+    unfiltered model log-prob for greedy rows (module docstring).
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0.0
+    safe_t = jnp.where(greedy, 1.0, temperature)
+    filtered = filter_logits(logits, safe_t, top_k, top_p)
+    drawn = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tok = jnp.where(greedy, argmax, drawn)
+    dist = jnp.where(greedy[:, None], logits, filtered)
+    lse = jax.nn.logsumexp(dist, axis=-1)
+    lp = jnp.take_along_axis(dist, tok[:, None], axis=-1)[:, 0] - lse
+    return tok, lp
+
+
+def generate(
+    model,
+    cache: dict,
+    prompts: jax.Array,
+    prompt_lengths: jax.Array,
+    keys: jax.Array,
+    temperature: jax.Array,
+    stop_tokens: jax.Array,
+    budgets: jax.Array,
+    *,
+    max_new: int,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    pad_id: int = 0,
+) -> tuple[SampleOutput, dict]:
+    """Prefill + decode loop (pure; call it under ``jax.jit``). Returns ``(SampleOutput, cache)``.
+
+    prompts [B, P] int32 right-padded; prompt_lengths [B] int32 (>= 1); keys [B] PRNG keys;
+    temperature [B] f32 (0 = greedy); stop_tokens [B, S] int32 (``NO_STOP`` fills); budgets [B] int32
+    (<= max_new; 0 = produce nothing). ``cache`` must have ``P + max_new`` slots (``model.init_cache``).
+    """
+    B, P = prompts.shape
+    n_slots = cache["mask"].shape[1]
+    if n_slots < P + max_new:
+        raise ValueError(f"cache has {n_slots} slots, needs prompt {P} + max_new {max_new}")
+    prompt_lengths = prompt_lengths.astype(jnp.int32)
+    budgets = jnp.minimum(budgets.astype(jnp.int32), max_new)
+    temperature = temperature.astype(jnp.float32)
+    # Slots left over from an earlier call are never read: the query at slot s only attends to slots
+    # <= s, and every one of those is (re)written by this call before it is read.
+
+    # Prefill all prompt slots at once.
+    pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
+    pmask = pos < prompt_lengths[:, None]
+    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=jnp.int32(0))
+    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+
+    def draw(step, logits_step, done):
+        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+        tok, lp = sample_logits(logits_step, step_keys, temperature, top_k, top_p)
+        tok = jnp.where(done, pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        return tok, lp
+
+    def record(state, step, tok, lp):
+        out_tok, out_lp, done, lengths, stopped = state
+        live = ~done
+        out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, step))
+        out_lp = jax.lax.dynamic_update_slice(out_lp, lp[:, None], (0, step))
+        hit_stop = live & jnp.any(tok[:, None] == stop_tokens, axis=-1)
+        lengths = lengths + live.astype(jnp.int32)
+        stopped = stopped | hit_stop
+        done = done | hit_stop | (lengths >= budgets)
+        return out_tok, out_lp, done, lengths, stopped
+
+    done0 = budgets <= 0
+    init = (
+        jnp.full((B, max_new), pad_id, jnp.int32),
+        jnp.zeros((B, max_new), jnp.float32),
+        done0,
+        jnp.zeros((B,), jnp.int32),
+        jnp.zeros((B,), jnp.bool_),
+    )
+    tok0, lp0 = draw(jnp.int32(0), last, done0)
+    rec = record(init, 0, tok0, lp0)
+
+    def cond(carry):
+        step, _, _, rec = carry
+        return (step < max_new) & ~jnp.all(rec[2])
+
+    def body(carry):
+        step, prev_tok, cache, rec = carry
+        slot = P + step - 1
+        positions = (prompt_lengths + step - 1)[:, None]
+        logits, cache = model(prev_tok[:, None], positions, attention_mask=jnp.ones((B, 1), jnp.bool_),
+                              cache=cache, cache_index=slot)
+        tok, lp = draw(step, logits[:, 0], rec[2])
+        return step + 1, tok, cache, record(rec, step, tok, lp)
+
+    _, _, cache, rec = jax.lax.while_loop(cond, body, (jnp.int32(1), tok0, cache, rec))
+    out_tok, out_lp, _, lengths, stopped = rec
+    return SampleOutput(out_tok, out_lp, lengths, stopped), cache
+
+
+@functools.partial(
+    jax.jit, static_argnums=(0,), static_argnames=("max_new", "top_k", "top_p", "pad_id"),
+    donate_argnames=("cache",),
+)
+def _generate_jit(graphdef, state, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
+                  *, max_new, top_k, top_p, pad_id):
+    model = nnx.merge(graphdef, state)
+    return generate(model, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
+                    max_new=max_new, top_k=top_k, top_p=top_p, pad_id=pad_id)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stateful wrapper: weights, caches per bucket, host-side padding
+
+
+def _row_keys(rng, batch: int) -> jax.Array:
+    """[batch] typed keys from an int seed, one key (split per row) or already-per-row keys."""
+    if isinstance(rng, int | np.integer):
+        rng = jax.random.key(int(rng))
+    rng = jnp.asarray(rng) if not isinstance(rng, jax.Array) else rng
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.wrap_key_data(rng)
+    if rng.ndim == 0:
+        return jax.random.split(rng, batch)
+    if rng.shape != (batch,):
+        raise ValueError(f"per-row keys must have shape ({batch},), got {rng.shape}")
+    return rng
+
+
+def stop_table(stop_tokens, batch: int, width: int | None = None) -> np.ndarray:
+    """[batch, width] int32 table of per-row stop ids from one set (shared) or one set per row."""
+    sets = [tuple(stop_tokens)] * batch if _is_flat(stop_tokens) else [tuple(s) for s in stop_tokens]
+    if len(sets) != batch:
+        raise ValueError(f"{len(sets)} stop-token sets for {batch} rows")
+    if width is None:  # a few widths only: the table's shape is part of the compiled shape
+        width = bucket(max((len(s) for s in sets), default=1), STOP_WIDTH_BUCKETS)
+    out = np.full((batch, width), NO_STOP, np.int32)
+    for b, s in enumerate(sets):
+        out[b, : len(s)] = s
+    return out
+
+
+def _is_flat(x) -> bool:
+    return all(isinstance(v, int | np.integer) for v in x)
+
+
+class Sampler:
+    """Batched sampling for one model: holds its weights, one donated cache per shape, the executables.
+
+    >>> sampler = Sampler(model, pad_id=tok.pad_id)
+    >>> out = sampler.sample([ids_a, ids_b], max_new=64, rng=0, stop_tokens=tok.stop_ids)
+    >>> sampler.update_weights(model)  # after a train step; no recompilation
+
+    ``top_k`` / ``top_p`` are fixed per sampler (part of the compiled shape; 0 / 1.0 switch them off);
+    temperature (per row, 0 = greedy), stop tokens, budgets and keys are per call.
+    """
+
+    def __init__(self, model, *, pad_id: int = 0, top_k: int = 0, top_p: float = 1.0,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, cache_dtype=None):
+        self.graphdef, self.state = nnx.split(model)
+        self.cfg = model.cfg
+        self.mesh_rules = getattr(model, "mesh_rules", None)
+        self.pad_id = int(pad_id)
+        self.top_k = int(top_k)
+        self.top_p = float(top_p)
+        self.batch_buckets = tuple(batch_buckets)
+        self.length_buckets = tuple(length_buckets)
+        self.cache_dtype = cache_dtype
+        self._caches: dict[tuple[int, int], dict] = {}
+        if self.mesh_rules is not None:
+            data = self.mesh_rules.spec(("act_batch",))
+            self._batch_multiple = int(np.prod([self.mesh_rules.mesh.shape[a] for a in _axes(data)]))
+        else:
+            self._batch_multiple = 1
+
+    # -- weights ------------------------------------------------------------------------------------
+    def update_weights(self, model_or_state) -> None:
+        """Use new parameters (an ``nnx.Module`` of the same graph, or its ``nnx.State``).
+
+        The sampler keeps a reference, not a copy: pass the post-step weights again after every train
+        step (in particular when the train step donates its parameter buffers).
+        """
+        if isinstance(model_or_state, nnx.Module):
+            graphdef, state = nnx.split(model_or_state)
+            if graphdef != self.graphdef:
+                raise ValueError("update_weights: model structure differs from the sampler's")
+        else:
+            state = model_or_state
+        self.state = state
+
+    # -- placement ----------------------------------------------------------------------------------
+    def _put(self, x, logical):
+        if self.mesh_rules is None:
+            return jnp.asarray(x)
+        sharding = self.mesh_rules.sharding(logical, np.shape(x))
+        return jax.device_put(x, sharding)
+
+    def _cache(self, batch: int, n_slots: int) -> dict:
+        cache = self._caches.pop((batch, n_slots), None)
+        if cache is None:
+            model = nnx.merge(self.graphdef, self.state)
+            cache = model.init_cache(batch, n_slots, dtype=self.cache_dtype)
+        return cache
+
+    # -- sampling -----------------------------------------------------------------------------------
+    def generate(self, prompts, prompt_lengths, *, max_new: int, rng=0, temperature=1.0, stop_tokens=(),
+                 budgets=None) -> SampleOutput:
+        """Sample from already padded prompts ``[B, P]`` (B divisible by the data axes); device arrays out.
+
+        ``temperature``: scalar or [B]; ``stop_tokens``: ids shared by all rows, a list of per-row id sets,
+        or a [B, S] table (``NO_STOP`` fills); ``budgets``: [B] max new tokens per row (default max_new).
+        """
+        prompts = np.asarray(prompts, np.int32)
+        B, P = prompts.shape
+        lengths = np.asarray(prompt_lengths, np.int32)
+        if lengths.shape != (B,) or (lengths < 1).any() or (lengths > P).any():
+            raise ValueError("prompt_lengths must be [B] with 1 <= length <= P")
+        temp = np.broadcast_to(np.asarray(temperature, np.float32), (B,))
+        if isinstance(stop_tokens, np.ndarray | jax.Array) and np.ndim(stop_tokens) == 2:
+            stops = np.asarray(stop_tokens, np.int32)
+        else:
+            stops = stop_table(stop_tokens, B)
+        bud = np.full((B,), max_new, np.int32) if budgets is None else np.asarray(budgets, np.int32)
+        keys = _row_keys(rng, B)
+
+        cache = self._cache(B, P + max_new)
+        args = (
+            self._put(prompts, ("act_batch", "act_seq")),
+            self._put(lengths, ("act_batch",)),
+            self._put(keys, ("act_batch",)),
+            self._put(temp, ("act_batch",)),
+            self._put(stops, ("act_batch", None)),
+            self._put(bud, ("act_batch",)),
+        )
+        out, cache = _generate_jit(self.graphdef, self.state, cache, *args, max_new=int(max_new),
+                                   top_k=self.top_k, top_p=self.top_p, pad_id=self.pad_id)
+        self._caches[(B, P + max_new)] = cache
+        return out
+
+    def sample(self, prompts: Sequence[Sequence[int]], *, max_new: int, rng=0, temperature=1.0,
+               stop_tokens=(), budgets=None) -> SampleOutput:
+        """Sample continuations of variable-length prompts (lists of ids); numpy arrays out.
+
+        The batch is padded to a batch bucket (extra rows get budget 0) and the prompts to a length
+        bucket, so a handful of shapes cover every call. ``temperature`` / ``budgets`` may be per row;
+        ``stop_tokens`` as in ``generate``. Per-row keys are drawn from ``rng`` for the padded batch, so
+        results depend on the batch bucket, not on the other rows' contents.
+        """
+        n = len(prompts)
+        tokens, lengths = pad_prompts(prompts, batch_buckets=self.batch_buckets,
+                                      length_buckets=self.length_buckets, pad_id=self.pad_id,
+                                      batch_multiple=self._batch_multiple)
+        Bp = tokens.shape[0]
+        temp = np.ones((Bp,), np.float32)
+        temp[:n] = np.broadcast_to(np.asarray(temperature, np.float32), (n,))
+        bud = np.zeros((Bp,), np.int32)
+        bud[:n] = max_new if budgets is None else np.asarray(budgets, np.int32)
+        if _is_flat(stop_tokens):
+            stops = stop_table(stop_tokens, Bp)
+        else:
+            sets = [tuple(s) for s in stop_tokens]
+            stops = stop_table(sets + [()] * (Bp - n), Bp)
+        out = self.generate(tokens, lengths, max_new=max_new, rng=rng, temperature=temp, stop_tokens=stops,
+                            budgets=bud)
+        return SampleOutput(*(np.asarray(jax.device_get(a))[:n] for a in out))
+
+
+def _axes(spec_entry) -> tuple[str, ...]:
+    if isinstance(spec_entry, PartitionSpec):
+        spec_entry = spec_entry[0] if len(spec_entry) else None
+    if spec_entry is None:
+        return ()
+    return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+
+
+__all__ = [
+    "NO_STOP",
+    "SampleOutput",
+    "Sampler",
+    "filter_logits",
+    "generate",
+    "sample_logits",
+    "stop_table",
+]
