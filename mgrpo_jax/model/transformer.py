@@ -28,6 +28,7 @@ metadata used by :mod:`mgrpo_jax.model.sharding`. RoPE uses the Hugging Face "ro
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -44,55 +45,96 @@ LAYER_PARAMS = ("attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "
                 "mlp_norm", "gate", "up", "down")
 
 
-def _param(init, key, shape, dtype, logical_axes):
-    return nnx.Param(init(key, shape, dtype), logical_axes=tuple(logical_axes))
+# Logical axis names of every parameter (see sharding.py). Layer params have a leading 'layers' axis.
+PARAM_AXES = {
+    "embed": ("vocab", "embed"),
+    "final_norm": ("norm",),
+    "lm_head": ("embed", "vocab"),
+    "attn_norm": ("layers", "norm"),
+    "q": ("layers", "embed", "q_heads", "head_dim"),
+    "k": ("layers", "embed", "kv_heads", "head_dim"),
+    "v": ("layers", "embed", "kv_heads", "head_dim"),
+    "o": ("layers", "q_heads", "head_dim", "embed"),
+    "q_bias": ("layers", "q_heads", "head_dim"),
+    "k_bias": ("layers", "kv_heads", "head_dim"),
+    "v_bias": ("layers", "kv_heads", "head_dim"),
+    "q_norm": ("layers", "head_dim"),
+    "k_norm": ("layers", "head_dim"),
+    "mlp_norm": ("layers", "norm"),
+    "gate": ("layers", "embed", "mlp"),
+    "up": ("layers", "embed", "mlp"),
+    "down": ("layers", "mlp", "embed"),
+}
 
 
-def _fan_in_normal(fan_in: int, scale: float = 1.0):
-    std = scale / math.sqrt(fan_in)
-    return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of every parameter by name (flat: layer params are stacked over ``n_layers``)."""
+    L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                            cfg.mlp_dim, cfg.vocab_size)
+    shapes = {"embed": (V, D), "final_norm": (D,), "attn_norm": (L, D), "q": (L, D, H, Dh),
+              "k": (L, D, K, Dh), "v": (L, D, K, Dh), "o": (L, H, Dh, D), "mlp_norm": (L, D),
+              "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    if cfg.qkv_bias:
+        shapes.update(q_bias=(L, H, Dh), k_bias=(L, K, Dh), v_bias=(L, K, Dh))
+    if cfg.qk_norm:
+        shapes.update(q_norm=(L, Dh), k_norm=(L, Dh))
+    return shapes
 
 
-def _zeros(key, shape, dtype):
-    del key
-    return jnp.zeros(shape, dtype)
+def init_params(cfg: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
+    """Random initial parameters by name (flat dict; layer params stacked over ``n_layers``).
+
+    Dense weights ~ N(0, 1/fan_in), output projections additionally scaled by 1/sqrt(2 L), embeddings
+    ~ N(0, 1/d_model) (unit-scale logits with a tied head), norms at identity, biases at 0. All normals
+    come from one threefry draw (XLA:CPU compiles each threefry call slowly), so the values do not
+    depend on the mesh the parameters are created on.
+    """
+    shapes = param_shapes(cfg)
+    fan_in = {"embed": cfg.d_model, "lm_head": cfg.d_model, "q": cfg.d_model, "k": cfg.d_model,
+              "v": cfg.d_model, "gate": cfg.d_model, "up": cfg.d_model,
+              "o": cfg.n_heads * cfg.head_dim, "down": cfg.mlp_dim}
+    out_scale = 1.0 / math.sqrt(2 * cfg.n_layers)
+    spec = []
+    for name, shape in sorted(shapes.items()):
+        if name in fan_in:
+            std = (out_scale if name in ("o", "down") else 1.0) / math.sqrt(fan_in[name])
+            spec.append((name, shape, "normal", std))
+        elif name.endswith("norm") and not cfg.norm_plus_one:
+            spec.append((name, shape, "ones", 0.0))
+        else:  # (1 + w) norms and biases
+            spec.append((name, shape, "zeros", 0.0))
+    return _init_arrays(tuple(spec), cfg.param_dtype, key)
 
 
-def _ones(key, shape, dtype):
-    del key
-    return jnp.ones(shape, dtype)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_arrays(spec, dtype, key):
+    dtype = jnp.dtype(dtype)
+    total = sum(math.prod(shape) for _, shape, kind, _ in spec if kind == "normal")
+    flat = jax.random.normal(key, (total,), jnp.float32)
+    out, off = {}, 0
+    for name, shape, kind, std in spec:
+        if kind == "normal":
+            n = math.prod(shape)
+            out[name] = (std * flat[off:off + n].reshape(shape)).astype(dtype)
+            off += n
+        else:
+            out[name] = jnp.full(shape, 1.0 if kind == "ones" else 0.0, dtype)
+    return out
+
+
+def _param(arrays: dict, name: str) -> nnx.Param:
+    return nnx.Param(arrays[name], logical_axes=PARAM_AXES[name])
 
 
 class Layers(nnx.Module):
     """All decoder blocks' parameters, stacked on a leading ``n_layers`` axis."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        L, D, H, K, Dh, F = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                             cfg.mlp_dim)
-        pd = cfg.params_dtype
-        norm_init = _zeros if cfg.norm_plus_one else _ones
-        out_scale = 1.0 / math.sqrt(2 * L)
-        self.attn_norm = _param(norm_init, None, (L, D), pd, ("layers", "norm"))
-        self.q = _param(_fan_in_normal(D), rngs.params(), (L, D, H, Dh), pd,
-                        ("layers", "embed", "q_heads", "head_dim"))
-        self.k = _param(_fan_in_normal(D), rngs.params(), (L, D, K, Dh), pd,
-                        ("layers", "embed", "kv_heads", "head_dim"))
-        self.v = _param(_fan_in_normal(D), rngs.params(), (L, D, K, Dh), pd,
-                        ("layers", "embed", "kv_heads", "head_dim"))
-        self.o = _param(_fan_in_normal(H * Dh, out_scale), rngs.params(), (L, H, Dh, D), pd,
-                        ("layers", "q_heads", "head_dim", "embed"))
-        if cfg.qkv_bias:
-            self.q_bias = _param(_zeros, None, (L, H, Dh), pd, ("layers", "q_heads", "head_dim"))
-            self.k_bias = _param(_zeros, None, (L, K, Dh), pd, ("layers", "kv_heads", "head_dim"))
-            self.v_bias = _param(_zeros, None, (L, K, Dh), pd, ("layers", "kv_heads", "head_dim"))
-        if cfg.qk_norm:
-            self.q_norm = _param(norm_init, None, (L, Dh), pd, ("layers", "head_dim"))
-            self.k_norm = _param(norm_init, None, (L, Dh), pd, ("layers", "head_dim"))
-        self.mlp_norm = _param(norm_init, None, (L, D), pd, ("layers", "norm"))
-        self.gate = _param(_fan_in_normal(D), rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
-        self.up = _param(_fan_in_normal(D), rngs.params(), (L, D, F), pd, ("layers", "embed", "mlp"))
-        self.down = _param(_fan_in_normal(F, out_scale), rngs.params(), (L, F, D), pd,
-                           ("layers", "mlp", "embed"))
+    def __init__(self, cfg: ModelConfig, arrays: dict[str, jax.Array]):
+        for name in LAYER_PARAMS:
+            if name in arrays:
+                setattr(self, name, _param(arrays, name))
 
     def arrays(self) -> dict[str, jax.Array]:
         return {n: getattr(self, n)[...] for n in LAYER_PARAMS if hasattr(self, n)}
@@ -199,15 +241,12 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh_rules: MeshRules | None = None):
         self.cfg = cfg
         self.mesh_rules = mesh_rules
-        pd = cfg.params_dtype
-        D, V = cfg.d_model, cfg.vocab_size
-        emb_std = 1.0 / math.sqrt(D)  # tied head: logits ~ unit scale at init
-        self.embed = _param(lambda k, s, d: (emb_std * jax.random.normal(k, s, jnp.float32)).astype(d),
-                            rngs.params(), (V, D), pd, ("vocab", "embed"))
-        self.layers = Layers(cfg, rngs=rngs)
-        self.final_norm = _param(_zeros if cfg.norm_plus_one else _ones, None, (D,), pd, ("norm",))
+        arrays = init_params(cfg, rngs.params())
+        self.embed = _param(arrays, "embed")
+        self.layers = Layers(cfg, arrays)
+        self.final_norm = _param(arrays, "final_norm")
         if not cfg.tie_embeddings:
-            self.lm_head = _param(_fan_in_normal(D), rngs.params(), (D, V), pd, ("embed", "vocab"))
+            self.lm_head = _param(arrays, "lm_head")
 
     # -- cache --------------------------------------------------------------------------------------
 

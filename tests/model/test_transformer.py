@@ -1,0 +1,223 @@
+"""Transformer forward, KV cache, padding, jit, gradients, remat (tiny configs, float32)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mgrpo_jax.model import (
+    Transformer,
+    gather_logprobs,
+    get_model_config,
+    token_logprobs,
+)
+
+TOL = 1e-5  # float32 equivalence tolerance (max abs diff of logits)
+
+FAMILIES = ["llama-tiny", "qwen3-tiny", "gemma-tiny", "qwen2-tiny"]
+
+
+def _cfg(name, **kw):
+    base = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+    base.update(kw)
+    return get_model_config(name, **base)
+
+
+def _model(cfg, seed=0):
+    model = Transformer(cfg, rngs=nnx.Rngs(seed))
+    # Give norms / biases non-trivial values so the test exercises them.
+    nnx.update(model, _perturb(nnx.state(model, nnx.Param), seed))
+    return model
+
+
+@jax.jit
+def _perturb(state, seed):
+    leaves, tree = jax.tree.flatten(state)
+    flat = jax.random.normal(jax.random.key(seed + 100), (sum(x.size for x in leaves),))
+    out, off = [], 0
+    for x in leaves:
+        out.append(x + 0.1 * flat[off:off + x.size].reshape(x.shape).astype(x.dtype))
+        off += x.size
+    return jax.tree.unflatten(tree, out)
+
+
+@nnx.jit
+def _forward(model, tokens, positions, mask):
+    return model(tokens, positions, attention_mask=mask)[0]
+
+
+@nnx.jit
+def _step(model, tokens, positions, mask, cache, idx):
+    return model(tokens, positions, attention_mask=mask, cache=cache, cache_index=idx)
+
+
+def _positions(B, T):
+    return jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cache_decode_matches_full_forward_right_padded(name):
+    cfg = _cfg(name, logit_softcap=30.0 if name.startswith("gemma") else None)
+    model = _model(cfg)
+    rng = np.random.default_rng(0)
+    lens = np.array([6, 3, 1])  # prompt lengths, right-padded to P
+    B, P, G, S = len(lens), 6, 5, 16
+    prompt = rng.integers(0, cfg.vocab_size, (B, P)).astype(np.int32)
+    pmask = np.arange(P)[None] < lens[:, None]
+    prompt = np.where(pmask, prompt, 0)
+    gen = rng.integers(0, cfg.vocab_size, (B, G)).astype(np.int32)
+
+    cache = model.init_cache(B, S)
+    pre_logits, cache = _step(model, jnp.asarray(prompt), _positions(B, P), jnp.asarray(pmask), cache,
+                              jnp.int32(0))
+    dec = []
+    for j in range(G):
+        pos = jnp.asarray(lens + j, jnp.int32)[:, None]
+        lg, cache = _step(model, jnp.asarray(gen[:, j:j + 1]), pos, jnp.ones((B, 1), bool), cache,
+                          jnp.int32(P + j))
+        dec.append(lg[:, 0])
+    assert cache["mask"].sum() == lens.sum() + B * G
+
+    # Reference: each row's real tokens, contiguous from position 0, right-padded into one batch
+    # (right padding never changes real tokens' logits: test_padding_invariance_no_cache).
+    N = P + G
+    ref_tok = np.zeros((B, N), np.int32)
+    ref_mask = np.zeros((B, N), bool)
+    for b in range(B):
+        n = lens[b] + G
+        ref_tok[b, :n] = np.concatenate([prompt[b, :lens[b]], gen[b]])
+        ref_mask[b, :n] = True
+    ref = _forward(model, jnp.asarray(ref_tok), _positions(B, N), jnp.asarray(ref_mask))
+    assert np.isfinite(np.asarray(pre_logits)).all()
+    for b in range(B):
+        np.testing.assert_allclose(pre_logits[b, :lens[b]], ref[b, :lens[b]], atol=TOL, rtol=0)
+        got = jnp.stack([d[b] for d in dec])
+        np.testing.assert_allclose(got, ref[b, lens[b]:lens[b] + G], atol=TOL, rtol=0)
+
+
+def test_multi_token_chunks_into_cache_match_full():
+    cfg = _cfg("qwen3-tiny")
+    model = _model(cfg)
+    B, T, S = 2, 9, 12
+    tok = jax.random.randint(jax.random.key(1), (B, T), 0, cfg.vocab_size)
+    ref = _forward(model, tok, _positions(B, T), jnp.ones((B, T), bool))
+    cache = model.init_cache(B, S)
+    outs = []
+    for a, b in [(0, 4), (4, 5), (5, 9)]:
+        lg, cache = _step(model, tok[:, a:b], _positions(B, T)[:, a:b], jnp.ones((B, b - a), bool), cache,
+                          jnp.int32(a))
+        outs.append(lg)
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), ref, atol=TOL, rtol=0)
+
+
+def test_padding_invariance_no_cache():
+    """A row's logits on its real tokens do not depend on padding length, padding ids, or other rows."""
+    cfg = _cfg("llama-tiny")
+    model = _model(cfg)
+    rng = np.random.default_rng(1)
+    seq = rng.integers(0, cfg.vocab_size, (1, 5)).astype(np.int32)
+    ref = _forward(model, jnp.asarray(seq), _positions(1, 5), jnp.ones((1, 5), bool))[0]
+    for T, pad_id in [(8, 0), (8, 7), (11, 3)]:
+        tok = np.full((2, T), pad_id, np.int32)
+        tok[0, :5] = seq[0]
+        tok[1] = rng.integers(0, cfg.vocab_size, T)
+        mask = np.ones((2, T), bool)
+        mask[0, 5:] = False
+        out = _forward(model, jnp.asarray(tok), _positions(2, T), jnp.asarray(mask))
+        np.testing.assert_allclose(out[0, :5], ref, atol=TOL, rtol=0)
+        assert np.isfinite(np.asarray(out)).all()
+    # Left padding with explicit positions is equivalent too; fully-masked queries stay finite.
+    tok = np.zeros((1, 8), np.int32)
+    tok[0, 3:] = seq[0]
+    mask = np.arange(8)[None] >= 3
+    pos = np.maximum(np.arange(8) - 3, 0)[None].astype(np.int32)
+    out = _forward(model, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask))
+    np.testing.assert_allclose(out[0, 3:], ref, atol=TOL, rtol=0)
+    assert np.isfinite(np.asarray(out)).all()
+
+
+def test_jit_equals_eager():
+    cfg = _cfg("gemma-tiny", attn_logit_softcap=50.0, logit_softcap=30.0)
+    model = _model(cfg)
+    tok = jax.random.randint(jax.random.key(2), (2, 7), 0, cfg.vocab_size)
+    mask = jnp.array([[1] * 7, [1] * 4 + [0] * 3], bool)
+    eager, _ = model(tok, _positions(2, 7), attention_mask=mask)
+    jitted = _forward(model, tok, _positions(2, 7), mask)
+    np.testing.assert_allclose(eager, jitted, atol=TOL, rtol=0)
+    assert float(jnp.abs(eager).max()) <= 30.0
+
+
+def _loss(model, tok, mask):
+    lp = token_logprobs(model, tok, _positions(*tok.shape), mask)
+    return -lp.sum() / mask[:, 1:].sum()
+
+
+def test_gradients_flow_to_every_param_and_remat_matches():
+    cfg = _cfg("qwen3-tiny")
+    tok = jax.random.randint(jax.random.key(3), (2, 8), 0, cfg.vocab_size)
+    mask = jnp.ones((2, 8), bool)
+    grads = {}
+    for remat in (False, True):
+        model = _model(dataclasses.replace(cfg, remat=remat))
+        loss, g = nnx.jit(nnx.value_and_grad(_loss))(model, tok, mask)
+        grads[remat] = (loss, g)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(g):
+            assert float(jnp.abs(leaf).max()) > 0, f"no gradient reaches {path}"
+    np.testing.assert_allclose(grads[False][0], grads[True][0], atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grads[False][1],
+                 grads[True][1])
+
+
+def test_token_logprobs_matches_manual_log_softmax():
+    cfg = _cfg("llama-tiny")
+    model = _model(cfg)
+    tok = jax.random.randint(jax.random.key(4), (2, 6), 0, cfg.vocab_size)
+    mask = jnp.array([[1] * 6, [1] * 4 + [0] * 2], bool)
+    lp = nnx.jit(token_logprobs)(model, tok, _positions(2, 6), mask)
+    logits = _forward(model, tok, _positions(2, 6), mask)
+    full = jax.nn.log_softmax(logits, -1)
+    for b in range(2):
+        for t in range(6):
+            want = 0.0 if t == 0 or not mask[b, t] else float(full[b, t - 1, tok[b, t]])
+            assert abs(float(lp[b, t]) - want) < 1e-5
+    np.testing.assert_allclose(gather_logprobs(logits, tok), jnp.take_along_axis(full, tok[..., None], -1)[..., 0],
+                               atol=1e-5)
+
+
+def test_bfloat16_compute_close_to_float32():
+    cfg = _cfg("qwen3-tiny")
+    model = _model(cfg)
+    tok = jax.random.randint(jax.random.key(5), (2, 8), 0, cfg.vocab_size)
+    ref = _forward(model, tok, _positions(2, 8), jnp.ones((2, 8), bool))
+    model_bf = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+    nnx.update(model_bf, nnx.state(model, nnx.Param))
+    out = _forward(model_bf, tok, _positions(2, 8), jnp.ones((2, 8), bool))
+    assert out.dtype == jnp.float32
+    assert model_bf.layers.q[...].dtype == jnp.float32  # params stay float32
+    assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
+    cache = model_bf.init_cache(2, 8)
+    assert cache["k"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(("name", "billions"), [("llama3-8b", 8.03), ("qwen3-8b", 8.19), ("gemma-7b", 8.54),
+                                                ("bench", None)])
+def test_paper_scale_presets_have_real_shapes(name, billions):
+    cfg = get_model_config(name)
+    if billions is not None:
+        assert abs(cfg.num_params() / 1e9 - billions) < 0.01
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert n == cfg.num_params()
+    if name == "bench":
+        assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                cfg.mlp_dim, cfg.dtype, cfg.qk_norm) == (2048, 256, 4, 4, 2, 64, 1024, "float32", True)
+
+
+def test_unknown_preset_and_bad_config_raise():
+    with pytest.raises(ValueError):
+        get_model_config("nope-tiny")
+    with pytest.raises(ValueError):
+        get_model_config("llama-tiny", n_heads=3, n_kv_heads=2)
