@@ -344,17 +344,20 @@ def _sample_split(
     kinds, weights = [entry[0] for entry in mix], [entry[1] for entry in mix]
     hop_ranges = {entry[0]: entry[2] for entry in mix}
     questions: list[Question] = []
-    attempts = 0
-    while len(questions) < count and attempts < 50 * count + 100:
-        attempts += 1
+    seen_paths: set[tuple[str, tuple[tuple[int, str], ...]]] = set()  # one phrasing per path and kind
+    fruitless = 0  # attempts since the last accepted question: the world is exhausted when this runs long
+    while len(questions) < count and fruitless < 3000:
+        fruitless += 1
         kind = rng.choices(kinds, weights)[0]
         hops = rng.randint(*hop_ranges[kind])
         draft = _draft(rng, world, pool_topics, kind, hops)
-        if draft is None or draft.text in seen_texts:
+        if draft is None or draft.text in seen_texts or (draft.kind, draft.answer_path) in seen_paths:
             continue
         if split in TRAIN_SPLITS and reserved_facts.intersection(draft.answer_path):
             continue
         seen_texts.add(draft.text)
+        seen_paths.add((draft.kind, draft.answer_path))
+        fruitless = 0
         questions.append(Question(
             id=f"{split}-{len(questions):05d}",
             split=split,

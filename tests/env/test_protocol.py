@@ -111,7 +111,7 @@ def _valid_turn(data):
     return protocol.render_tool_call(name, arguments, think)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=2000, deadline=None)
 @given(st.one_of(st.text(max_size=200), _soup))
 def test_parser_is_total_on_random_strings(text):
     parsed = parse_turn(text)
@@ -119,7 +119,7 @@ def test_parser_is_total_on_random_strings(text):
     assert isinstance(trajectory_format_ok([text]), bool)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(st.data())
 def test_parser_is_total_on_mutated_valid_turns(data):
     turn = _valid_turn(data)
