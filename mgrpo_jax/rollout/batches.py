@@ -1,0 +1,88 @@
+"""Episodes -> the fixed-size, aligned arrays the jitted train steps take.
+
+Main (or single) agent: exactly Q*K rows. Sub-agent: exactly Q*K*D rows, aligned by
+`mgrpo_jax.core.align` (duplicates / drops / masked d_k = 0 rollouts), with an index map back to
+(query, rollout, invocation). Every row is right-padded to the agent's `seq_len`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mgrpo_jax.core import gather_aligned
+from mgrpo_jax.rollout.episode import Episode
+
+PAD_VALUES = {"tokens": 0, "loss_mask": 0.0, "old_logprobs": 0.0}
+
+
+def _clipped(episode: Episode, seq_len: int) -> dict[str, np.ndarray]:
+    arrays = episode.arrays()
+    if len(episode.tokens) > seq_len:
+        if arrays["loss_mask"][seq_len:].any():
+            raise ValueError(
+                f"{episode.agent} episode (question {episode.question_index}, rollout {episode.rollout}) has "
+                f"generated tokens beyond seq_len={seq_len}; raise seq_len to the agent's context budget"
+            )
+        # Only the untrained tail (a tool response after the context filled) is cut.
+        arrays = {name: values[:seq_len] for name, values in arrays.items()}
+    return arrays
+
+
+def _finish(batch: dict[str, np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+    rows, seq_len = batch["tokens"].shape
+    lengths = np.asarray([_length(row_mask) for row_mask in batch.pop("_real")], np.int32)
+    positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (rows, seq_len)).copy()
+    batch["attention_mask"] = positions < lengths[:, None]
+    batch["positions"] = positions
+    batch["tokens"] = np.where(batch["attention_mask"], batch["tokens"], pad_id).astype(np.int32)
+    return batch
+
+
+def _length(real: np.ndarray) -> int:
+    return int(real.sum())
+
+
+def top_batch(top: Sequence[Sequence[Episode]], advantages, seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """[Q*K, seq_len] rows of the top-level episodes, with their [Q*K] advantages and unit weights."""
+    rows = [e for row in top for e in row]
+    out = {name: np.full((len(rows), seq_len), value, np.float32 if name != "tokens" else np.int32)
+           for name, value in PAD_VALUES.items()}
+    real = np.zeros((len(rows), seq_len), bool)
+    for i, episode in enumerate(rows):
+        for name, values in _clipped(episode, seq_len).items():
+            out[name][i, : len(values)] = values
+        real[i, : min(len(episode.tokens), seq_len)] = True
+    out["_real"] = real
+    out["advantages"] = np.asarray(advantages, np.float32).reshape(len(rows))
+    out["weights"] = np.ones((len(rows),), np.float32)
+    return _finish(out, pad_id)
+
+
+def sub_batch(top: Sequence[Sequence[Episode]], index, weight, advantages, seq_len: int,
+              pad_id: int = 0) -> dict[str, np.ndarray]:
+    """[Q*K*D, seq_len] aligned sub-agent rows; `index`/`weight`/`advantages` are [Q, K, D]."""
+    calls = [[[dict(_clipped(sub, seq_len), _real=np.ones(len(sub.tokens[:seq_len]), bool)) for sub in e.subs]
+              for e in row] for row in top]
+    out = gather_aligned(calls, index, weight, seq_len, pad_values={**PAD_VALUES, "_real": False})
+    out["advantages"] = np.asarray(advantages, np.float32).reshape(-1) * (out["weight"] > 0)
+    out["weights"] = out.pop("weight")
+    return _finish(out, pad_id)
+
+
+def sft_rows(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], seq_len: int,
+             pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Rendered (ids, assistant_mask) demonstrations -> an SFT batch; over-long ones are truncated."""
+    rows = len(examples)
+    tokens = np.full((rows, seq_len), pad_id, np.int32)
+    loss_mask = np.zeros((rows, seq_len), np.float32)
+    lengths = np.zeros((rows,), np.int32)
+    for i, (ids, mask) in enumerate(examples):
+        n = min(len(ids), seq_len)
+        tokens[i, :n] = ids[:n]
+        loss_mask[i, :n] = np.asarray(mask[:n], np.float32)
+        lengths[i] = n
+    positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (rows, seq_len)).copy()
+    return {"tokens": tokens, "positions": positions, "attention_mask": positions < lengths[:, None],
+            "loss_mask": loss_mask, "weights": np.ones((rows,), np.float32)}

@@ -1,0 +1,199 @@
+"""The multi-agent rollout engine: Q questions x K rollouts of the whole system, in lock-step batches.
+
+Each iteration of the loop
+  1. samples one turn for every top-level episode (main or single agent) that is not waiting on a
+     delegation, in one batch through that agent's sampler;
+  2. runs the tools those turns call; a `delegate` call starts a sub-agent episode and parks its parent;
+  3. samples one turn for every live sub-agent episode, in one batch through the sub-agent's sampler,
+     runs their tools, and hands each finished sub-agent's answer back to its parent as the tool response.
+So every pending main turn shares one sampler call and every pending sub turn shares another, and the
+samplers see a handful of shape buckets rather than one shape per episode.
+
+Limits end an episode cleanly and are recorded as its `end_reason`: a turn that breaks the protocol
+(`format_error`), the agent's turn limit (`max_turns`), its context budget (`context`), a turn longer
+than the per-turn token limit (`turn_too_long`). The per-rollout cap on delegations answers further
+`delegate` calls with an error the main agent reads. Model outputs that break the protocol are data for
+the reward, never exceptions.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mgrpo_jax.env import protocol
+from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER, question_prompt, sub_agent_prompt
+from mgrpo_jax.rollout.episode import (
+    ANSWERED,
+    CONTEXT_FULL,
+    FORMAT_ERROR,
+    MAX_TURNS,
+    TURN_TOO_LONG,
+    Episode,
+    RolloutBatch,
+)
+
+DELEGATE = "delegate"
+
+
+@dataclass
+class AgentRuntime:
+    """What the engine needs to run one agent: its sampler, its tools and its limits."""
+
+    name: str  # "main", "sub" or "single"
+    sampler: object  # `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=, budgets=)`
+    system_prompt: str
+    tools: Mapping[str, Callable[[Mapping], str]]  # run in-process; `delegate` is handled by the engine
+    can_delegate: bool = False
+    max_turns: int = 8
+    context_tokens: int = 2048
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(self.tools) + ((DELEGATE,) if self.can_delegate else ())
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    max_turn_tokens: int = 128  # new tokens per assistant turn (the sampler's static max_new)
+    max_sub_calls: int = 16  # delegations per rollout; further calls get an error response
+    min_turn_tokens: int = 8  # a turn needs at least this much context left, else the episode ends
+    max_answer_chars: int = 400  # a sub-agent's answer as the main agent sees it
+    temperature: float = 1.0
+
+
+class RolloutEngine:
+    def __init__(self, tokenizer, top: AgentRuntime, sub: AgentRuntime | None = None,
+                 limits: RolloutLimits | None = None):
+        if top.can_delegate and sub is None:
+            raise ValueError(f"agent {top.name!r} can delegate but no sub-agent runtime was given")
+        self.tokenizer = tokenizer
+        self.top = top
+        self.sub = sub
+        self.limits = limits or RolloutLimits()
+        self._assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
+        self._separator = tokenizer.turn_separator_ids
+        self._end_of_turn = tokenizer.end_of_turn_id
+
+    # -- episode construction ------------------------------------------------------------------------
+
+    def _start(self, agent: AgentRuntime, user_text: str, **fields) -> Episode:
+        episode = Episode(agent=agent.name, **fields)
+        ids, _ = self.tokenizer.render_chat([(SYSTEM, agent.system_prompt), (USER, user_text)])
+        episode.extend(ids)
+        return episode
+
+    def _respond(self, episode: Episode, output: str) -> None:
+        episode.extend(self.tokenizer.render_message(TOOL, protocol.render_tool_response(output)))
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def run(self, questions: Sequence, rollouts: int, seed: int = 0) -> RolloutBatch:
+        """Run `rollouts` whole-system episodes of every question; returns them with timings."""
+        timings = {"sampling_s": 0.0, "tools_s": 0.0}
+        top = [
+            [self._start(self.top, question_prompt(q.text), question_index=qi, rollout=k) for k in range(rollouts)]
+            for qi, q in enumerate(questions)
+        ]
+        live_subs: list[Episode] = []
+        iteration = 0
+        while True:
+            ready = [e for row in top for e in row if not e.done and e.waiting_on is None]
+            if not ready and not live_subs:
+                break
+            if ready:
+                spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings)
+                live_subs.extend(spawned)
+            if live_subs:
+                self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings)
+                for sub in [s for s in live_subs if s.done]:
+                    live_subs.remove(sub)
+                    self._return_to_parent(sub, top)
+            iteration += 1
+        return RolloutBatch(list(questions), top, timings)
+
+    def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict) -> list[Episode]:
+        """One sampled turn for each episode; returns the sub-agent episodes the turns started."""
+        limits = self.limits
+        prompts, budgets, active = [], [], []
+        for episode in episodes:
+            room = agent.context_tokens - len(episode.tokens) - len(self._assistant_prefix)
+            if room < limits.min_turn_tokens:
+                episode.end_reason = CONTEXT_FULL
+                continue
+            prompts.append(episode.tokens + self._assistant_prefix)
+            budgets.append(min(limits.max_turn_tokens, room))
+            active.append(episode)
+        if not active:
+            return []
+        start = time.perf_counter()
+        out = agent.sampler.sample(prompts, max_new=limits.max_turn_tokens, rng=rng,
+                                   temperature=limits.temperature, stop_tokens=(self._end_of_turn,),
+                                   budgets=budgets)
+        timings["sampling_s"] += time.perf_counter() - start
+
+        start = time.perf_counter()
+        spawned = []
+        for row, episode in enumerate(active):
+            n = int(out.lengths[row])
+            ids = out.tokens[row, :n]
+            episode.extend(self._assistant_prefix)
+            episode.extend(ids, trained=True, logprobs=out.logprobs[row, :n])
+            if not bool(out.stopped[row]):
+                episode.turns.append(self.tokenizer.decode(ids))
+                # Cut short by the context budget, or by the per-turn token limit.
+                episode.end_reason = CONTEXT_FULL if budgets[row] < limits.max_turn_tokens else TURN_TOO_LONG
+                continue
+            episode.extend(self._separator)
+            text = self.tokenizer.decode(ids[:-1])
+            episode.turns.append(text)
+            spawned.extend(self._act(agent, episode, text))
+        timings["tools_s"] += time.perf_counter() - start
+        return spawned
+
+    def _act(self, agent: AgentRuntime, episode: Episode, text: str) -> list[Episode]:
+        parsed = protocol.parse_turn(text, allowed_tools=agent.tool_names)
+        if isinstance(parsed, protocol.FormatError):
+            episode.end_reason = FORMAT_ERROR
+            episode.format_error = parsed.reason
+            return []
+        if isinstance(parsed, protocol.FinalAnswer):
+            episode.answer = parsed.text
+            episode.end_reason = ANSWERED
+            return []
+        episode.tool_calls[parsed.name] += 1
+        spawned = []
+        if parsed.name == DELEGATE:
+            if len(episode.subs) >= self.limits.max_sub_calls:
+                self._respond(episode, f"Error: at most {self.limits.max_sub_calls} delegations per question.")
+            else:
+                task = str(parsed.arguments.get("task", ""))
+                context = str(parsed.arguments.get("context", ""))
+                sub = self._start(self.sub, sub_agent_prompt(task, context), question_index=episode.question_index,
+                                  rollout=episode.rollout, invocation=len(episode.subs),
+                                  task=task if not context.strip() else f"{task}\n{context}")
+                episode.subs.append(sub)
+                episode.waiting_on = sub
+                spawned.append(sub)
+        else:
+            self._respond(episode, agent.tools[parsed.name](parsed.arguments))
+        if not episode.waiting_on and len(episode.turns) >= agent.max_turns:
+            episode.end_reason = MAX_TURNS
+        return spawned
+
+    def _return_to_parent(self, sub: Episode, top: list[list[Episode]]) -> None:
+        parent = top[sub.question_index][sub.rollout]
+        parent.waiting_on = None
+        if sub.answer is not None:
+            report = sub.answer[: self.limits.max_answer_chars]
+        else:
+            report = f"The sub-agent returned no answer (it stopped: {sub.end_reason})."
+        self._respond(parent, report)
+        if len(parent.turns) >= self.top.max_turns:
+            parent.end_reason = MAX_TURNS
+
+
+def _seed(seed: int, iteration: int, role: str) -> int:
+    return zlib.crc32(f"{seed}/{iteration}/{role}".encode()) & 0x7FFFFFFF

@@ -1,0 +1,116 @@
+"""One agent's episode in token-in/token-out form, and the result of a batch of whole-system rollouts.
+
+An episode's `tokens` are exactly the ids the model saw and produced: the rendered system and user
+messages, then for every turn the assistant header, the sampled ids (ending with the end-of-turn token),
+and the rendered tool response. `loss_mask` is 1 exactly on sampled ids, and `logprobs` holds the
+sampler's behaviour log-prob of each sampled id (0 elsewhere), so the trainer's importance ratios start
+at 1 and nothing is ever re-tokenised from text.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Why an episode ended.
+ANSWERED = "answer"
+FORMAT_ERROR = "format_error"
+MAX_TURNS = "max_turns"
+CONTEXT_FULL = "context"
+TURN_TOO_LONG = "turn_too_long"
+END_REASONS = (ANSWERED, FORMAT_ERROR, MAX_TURNS, CONTEXT_FULL, TURN_TOO_LONG)
+
+
+@dataclass
+class Episode:
+    agent: str  # "main", "sub" or "single"
+    question_index: int
+    rollout: int
+    invocation: int = -1  # sub-agent episodes: which delegation of the parent rollout (call order)
+    task: str = ""  # sub-agent episodes: the delegated task (and context) text
+    tokens: list[int] = field(default_factory=list)
+    loss_mask: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)  # decoded assistant turns, for the format gate
+    tool_calls: collections.Counter = field(default_factory=collections.Counter)
+    answer: str | None = None
+    end_reason: str | None = None
+    format_error: str | None = None
+    subs: list[Episode] = field(default_factory=list)  # main episodes: delegations in call order
+    waiting_on: Episode | None = None  # main episodes: the delegation being served
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+    def extend(self, ids, *, trained: bool = False, logprobs=None) -> None:
+        ids = [int(i) for i in ids]
+        self.tokens.extend(ids)
+        self.loss_mask.extend([1.0 if trained else 0.0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The episode as 1-D arrays: tokens, loss_mask, old_logprobs."""
+        return {
+            "tokens": np.asarray(self.tokens, np.int32),
+            "loss_mask": np.asarray(self.loss_mask, np.float32),
+            "old_logprobs": np.asarray(self.logprobs, np.float32),
+        }
+
+
+@dataclass
+class RolloutBatch:
+    """Q questions x K rollouts of the whole system. `top[q][k]` is the main (or single) agent's episode;
+    its delegations are `top[q][k].subs`."""
+
+    questions: list
+    top: list[list[Episode]]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.top), len(self.top[0]) if self.top else 0
+
+    def sub_counts(self) -> np.ndarray:
+        """d_k for every rollout, [Q, K]."""
+        return np.asarray([[len(e.subs) for e in row] for row in self.top], np.int32)
+
+    def episodes(self, agent: str | None = None):
+        for row in self.top:
+            for episode in row:
+                if agent in (None, episode.agent):
+                    yield episode
+                for sub in episode.subs:
+                    if agent in (None, sub.agent):
+                        yield sub
+
+    def stats(self) -> dict[str, float]:
+        """Counts for the logs: turns, tool calls, end reasons, generated tokens, d_k."""
+        out: dict[str, float] = {}
+        for agent in ("main", "sub", "single"):
+            episodes = list(self.episodes(agent))
+            if not episodes:
+                continue
+            out[f"{agent}/episodes"] = len(episodes)
+            out[f"{agent}/turns_mean"] = float(np.mean([len(e.turns) for e in episodes]))
+            out[f"{agent}/generated_tokens"] = float(sum(e.generated_tokens for e in episodes))
+            out[f"{agent}/length_mean"] = float(np.mean([len(e.tokens) for e in episodes]))
+            tools = collections.Counter()
+            for e in episodes:
+                tools.update(e.tool_calls)
+            for name, count in sorted(tools.items()):
+                out[f"{agent}/tool_calls/{name}"] = count / len(episodes)
+            reasons = collections.Counter(e.end_reason for e in episodes)
+            for reason in END_REASONS:
+                out[f"{agent}/end/{reason}"] = reasons.get(reason, 0) / len(episodes)
+        counts = self.sub_counts()
+        if counts.size and counts.max() > 0:
+            out["d_k/mean"] = float(counts.mean())
+            out["d_k/max"] = float(counts.max())
+        return out
