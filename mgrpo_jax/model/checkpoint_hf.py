@@ -1,0 +1,411 @@
+"""Hugging Face checkpoint import / export (Llama, Qwen2, Qwen3, Gemma) in safetensors format.
+
+- ``config_from_hf(d)`` / ``config_to_hf(cfg)``: ``config.json`` <-> ``ModelConfig``.
+- ``load_hf(path, mesh=None, rules=..., **overrides) -> Transformer``: reads ``config.json`` and
+  ``model.safetensors`` (or the sharded ``model.safetensors.index.json``) from a directory. Tensors are
+  memory-mapped and each device's shard is read straight from the file into its placement
+  (``jax.make_array_from_callback``), so no full host copy of the model is ever made.
+- ``save_hf(model, path, dtype=None)``: writes ``config.json`` + safetensors that
+  ``transformers.AutoModelForCausalLM.from_pretrained`` loads, one tensor at a time.
+
+Layout. HF linear weights are ``[out, in]``; ours are ``[in, ...]`` with heads split out:
+``q_proj [H*Dh, D] -> q [D, H, Dh]``, ``o_proj [D, H*Dh] -> o [H, Dh, D]``, ``gate/up [F, D] -> [D, F]``,
+``down [D, F] -> [F, D]``, ``lm_head [V, D] -> [D, V]``, per-layer tensors stacked on a leading axis.
+RoPE: our rotary embedding uses the same "rotate_half" pairing as HF (dims ``i`` and ``i + Dh/2``), so
+q/k weights are taken as they are, with no permutation. Gemma's RMSNorm weights are stored as ``w`` in
+``x * (1 + w)`` by both, so they copy unchanged.
+
+The safetensors container is read and written here directly (8-byte header length, JSON header,
+raw little-endian data), which gives zero-copy ``np.memmap`` views and bfloat16 through ``ml_dtypes``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from collections.abc import Callable, Iterable
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, logical_to_spec
+from mgrpo_jax.model.transformer import LAYER_PARAMS, PARAM_AXES, Transformer, param_shapes
+
+# ---------------------------------------------------------------------------------------------------
+# safetensors container
+
+_ST_DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """(header dict, byte offset of the data section) of one .safetensors file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return header, 8 + n
+
+
+class SafetensorsReader:
+    """Lazy, memory-mapped access to the tensors of one checkpoint directory (single or sharded)."""
+
+    def __init__(self, path: str | os.PathLike):
+        path = pathlib.Path(path)
+        if path.is_file():
+            files = [path]
+        elif (path / "model.safetensors.index.json").exists():
+            index = json.loads((path / "model.safetensors.index.json").read_text())
+            files = [path / f for f in sorted(set(index["weight_map"].values()))]
+        elif (path / "model.safetensors").exists():
+            files = [path / "model.safetensors"]
+        else:
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no safetensors checkpoint in {path}")
+        self._where: dict[str, tuple[pathlib.Path, int, dict]] = {}
+        for f in files:
+            header, data_start = read_safetensors_header(f)
+            header.pop("__metadata__", None)
+            for name, info in header.items():
+                self._where[name] = (f, data_start, info)
+        self._maps: dict[pathlib.Path, np.memmap] = {}
+
+    def keys(self) -> list[str]:
+        return sorted(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> np.ndarray:
+        """A read-only zero-copy view of one tensor."""
+        f, data_start, info = self._where[name]
+        if f not in self._maps:
+            self._maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+        dtype = _ST_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        raw = self._maps[f][data_start + begin:data_start + end]
+        return raw.view(dtype).reshape(info["shape"])
+
+
+def write_safetensors(path: str | os.PathLike, tensors: Iterable[tuple[str, tuple, np.dtype]],
+                      get: Callable[[str], np.ndarray], metadata: dict | None = None) -> None:
+    """Write a .safetensors file tensor by tensor: ``tensors`` lists (name, shape, dtype); ``get(name)``
+    returns the array when its turn comes (so at most one tensor is in host memory)."""
+    tensors = list(tensors)
+    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
+    off = 0
+    for name, shape, dtype in tensors:
+        n = math.prod(shape) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _ST_NAMES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name, shape, dtype in tensors:
+            arr = np.ascontiguousarray(get(name), dtype=dtype)
+            if arr.shape != tuple(shape):
+                raise ValueError(f"{name}: shape {arr.shape} != declared {tuple(shape)}")
+            f.write(arr.tobytes())
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+         "gemma": "GemmaForCausalLM"}
+
+
+def _rope(d: dict) -> tuple[float, tuple | None]:
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    theta = params.get("rope_theta", d.get("rope_theta", 10_000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in (None, "default"):
+        return float(theta), None
+    if kind == "llama3":
+        scaling = (float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"]),
+                   int(params.get("original_max_position_embeddings", d.get("max_position_embeddings"))))
+        return float(theta), scaling
+    raise NotImplementedError(f"RoPE type {kind!r} is not supported")
+
+
+def config_from_hf(d: dict, **overrides) -> ModelConfig:
+    """``ModelConfig`` from a Hugging Face ``config.json`` dict (Llama / Qwen2 / Qwen3 / Gemma)."""
+    mtype = d.get("model_type")
+    if mtype not in _MODEL_TYPES:
+        raise NotImplementedError(f"model_type {mtype!r} is not supported (have {sorted(_MODEL_TYPES)})")
+    family = _MODEL_TYPES[mtype]
+    if d.get("mlp_bias"):
+        raise NotImplementedError("mlp_bias=True is not supported")
+    if family == "llama" and d.get("attention_bias"):
+        raise NotImplementedError("attention_bias=True (Llama) is not supported")
+    if family in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+        raise NotImplementedError("sliding-window attention is not supported")
+    if family == "qwen3" and d.get("attention_bias"):
+        raise NotImplementedError("attention_bias=True (Qwen3) is not supported")
+    act = d.get("hidden_activation") or d.get("hidden_act") or ("gelu_pytorch_tanh" if family == "gemma" else "silu")
+    if family == "gemma":
+        act = "gelu"  # HF Gemma always runs the tanh approximation
+    elif act != "silu":
+        raise NotImplementedError(f"activation {act!r} is not supported for {mtype}")
+    theta, scaling = _rope(d)
+    n_heads = d["num_attention_heads"]
+    head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
+    torch_dtype = d.get("dtype") or d.get("torch_dtype")
+    kw = dict(
+        vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"],
+        n_heads=n_heads, n_kv_heads=d.get("num_key_value_heads") or n_heads, head_dim=head_dim,
+        mlp_dim=d["intermediate_size"], family=family, mlp_activation=act, rope_theta=theta,
+        rope_llama3_scaling=scaling, norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        norm_plus_one=family == "gemma", scale_embeddings=family == "gemma",
+        tie_embeddings=bool(d.get("tie_word_embeddings", family == "gemma")),
+        qk_norm=family == "qwen3", qkv_bias=family == "qwen2",
+        max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
+        dtype="bfloat16" if torch_dtype == "bfloat16" else "float32",
+    )
+    kw.update(overrides)
+    return ModelConfig(**kw)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
+    """A ``config.json`` dict that transformers reads back into the same architecture."""
+    if cfg.family == "gemma" and not (cfg.norm_plus_one and cfg.scale_embeddings):
+        raise ValueError("a gemma-family config must have norm_plus_one and scale_embeddings")
+    if cfg.family != "gemma" and (cfg.norm_plus_one or cfg.scale_embeddings):
+        raise ValueError(f"{cfg.family} has no (1 + w) norm / embedding scaling in transformers")
+    if cfg.qk_norm != (cfg.family == "qwen3") or cfg.qkv_bias != (cfg.family == "qwen2"):
+        raise ValueError(f"qk_norm / qkv_bias do not match the {cfg.family} architecture in transformers")
+    if cfg.logit_softcap is not None or cfg.attn_logit_softcap is not None or cfg.query_pre_attn_scalar:
+        raise ValueError("soft-capping / query_pre_attn_scalar have no equivalent in these HF architectures")
+    if (cfg.mlp_activation == "gelu") != (cfg.family == "gemma"):
+        raise ValueError(f"{cfg.family} in transformers uses {'gelu' if cfg.family == 'gemma' else 'silu'}")
+    rope: dict = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_llama3_scaling is not None:
+        f, lo, hi, old = cfg.rope_llama3_scaling
+        rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": f, "low_freq_factor": lo,
+                "high_freq_factor": hi, "original_max_position_embeddings": old}
+    d = {
+        "architectures": [_ARCH[cfg.family]], "model_type": cfg.family, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_parameters": rope,
+        "rope_theta": cfg.rope_theta, "dtype": dtype, "attention_dropout": 0.0,
+    }
+    if cfg.rope_llama3_scaling is not None:
+        d["rope_scaling"] = dict(rope)
+    if cfg.family == "gemma":
+        d.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
+    else:
+        d["hidden_act"] = "silu"
+    if cfg.family in ("llama", "qwen3"):
+        d["attention_bias"] = False
+    if cfg.family == "llama":
+        d["mlp_bias"] = False
+    if cfg.family in ("qwen2", "qwen3"):
+        d.update(use_sliding_window=False, layer_types=["full_attention"] * cfg.n_layers)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------------
+# name / layout mapping
+
+
+def _hf_name(name: str, layer: int | None) -> str:
+    attn = {"q": "q_proj.weight", "k": "k_proj.weight", "v": "v_proj.weight", "o": "o_proj.weight",
+            "q_bias": "q_proj.bias", "k_bias": "k_proj.bias", "v_bias": "v_proj.bias",
+            "q_norm": "q_norm.weight", "k_norm": "k_norm.weight"}
+    if layer is None:
+        return {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
+                "lm_head": "lm_head.weight"}[name]
+    p = f"model.layers.{layer}."
+    if name in attn:
+        return p + "self_attn." + attn[name]
+    return p + {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
+                "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+                "down": "mlp.down_proj.weight"}[name]
+
+
+def _hf_to_ours(name: str, t: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """One HF tensor (one layer) -> our layout (a view where numpy allows)."""
+    H, K, Dh, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+    if name == "q":
+        return t.T.reshape(D, H, Dh)
+    if name in ("k", "v"):
+        return t.T.reshape(D, K, Dh)
+    if name == "o":
+        return t.T.reshape(H, Dh, D)
+    if name == "q_bias":
+        return t.reshape(H, Dh)
+    if name in ("k_bias", "v_bias"):
+        return t.reshape(K, Dh)
+    if name in ("gate", "up", "down", "lm_head"):
+        return t.T
+    return t  # embed [V, D], norms
+
+
+def _ours_to_hf(name: str, a: np.ndarray) -> np.ndarray:
+    """One of our tensors (one layer) -> HF layout."""
+    if name in ("q", "k", "v"):
+        return a.reshape(a.shape[0], -1).T
+    if name == "o":
+        return a.reshape(-1, a.shape[-1]).T
+    if name in ("q_bias", "k_bias", "v_bias"):
+        return a.reshape(-1)
+    if name in ("gate", "up", "down", "lm_head"):
+        return a.T
+    return a
+
+
+# ---------------------------------------------------------------------------------------------------
+# import
+
+
+def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None = None,
+                   rules: Rules = DEFAULT_RULES) -> dict[str, jax.Array]:
+    """Our flat parameter dict (see ``transformer.param_shapes``) read from an HF checkpoint.
+
+    Every array is assembled per device shard from memory-mapped file data, sharded by ``rules`` on
+    ``mesh`` (or placed on the default device without a mesh).
+    """
+    reader = SafetensorsReader(path)
+    pd = cfg.params_dtype
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        hf_top = name in ("embed", "final_norm", "lm_head")
+        if name == "lm_head" and _hf_name("lm_head", None) not in reader:
+            raise KeyError("checkpoint has no lm_head.weight but config.json says the head is untied")
+        if hf_top:
+            src = _hf_to_ours(name, reader.get(_hf_name(name, None)), cfg)
+            if src.shape != shape:
+                raise ValueError(f"{name}: checkpoint shape {src.shape} != expected {shape}")
+
+            def cb(index, src=src):
+                return np.asarray(src[index], dtype=pd)
+        else:
+            layer_src = [_hf_to_ours(name, reader.get(_hf_name(name, i)), cfg) for i in range(cfg.n_layers)]
+            if layer_src[0].shape != shape[1:]:
+                raise ValueError(f"{name}: checkpoint shape {layer_src[0].shape} != expected {shape[1:]}")
+
+            def cb(index, layer_src=layer_src):
+                rows = range(cfg.n_layers)[index[0]]
+                return np.stack([np.asarray(layer_src[i][index[1:]], dtype=pd) for i in rows])
+
+        if mesh is None:
+            sharding = SingleDeviceSharding(jax.devices()[0])
+        else:
+            sharding = jax.sharding.NamedSharding(mesh, logical_to_spec(PARAM_AXES[name], rules, mesh, shape))
+        out[name] = jax.make_array_from_callback(shape, sharding, cb)
+    return out
+
+
+def _variables(model: Transformer) -> dict[str, nnx.Variable]:
+    out = {n: getattr(model, n) for n in ("embed", "final_norm", "lm_head") if hasattr(model, n)}
+    out.update({n: getattr(model.layers, n) for n in LAYER_PARAMS if hasattr(model.layers, n)})
+    return out
+
+
+def model_from_params(cfg: ModelConfig, params: dict[str, jax.Array], mesh: Mesh | None = None,
+                      rules: Rules = DEFAULT_RULES) -> Transformer:
+    """A ``Transformer`` holding exactly these arrays (no initialisation is run)."""
+    mr = None if mesh is None else MeshRules(mesh, tuple(rules))
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr))
+    variables = _variables(model)
+    if set(variables) != set(params):
+        raise ValueError(f"parameter names differ: {sorted(set(variables) ^ set(params))}")
+    for name, var in variables.items():
+        if tuple(var.shape) != tuple(params[name].shape):
+            raise ValueError(f"{name}: shape {params[name].shape} != {var.shape}")
+        var.set_value(params[name])
+    return model
+
+
+def load_hf(path: str | os.PathLike, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
+            **config_overrides) -> Transformer:
+    """Load an HF checkpoint directory (``config.json`` + safetensors) as a ``Transformer``.
+
+    ``config_overrides`` replace ``ModelConfig`` fields that do not change the parameters (e.g.
+    ``dtype='bfloat16'``, ``remat=True``, ``param_dtype``).
+    """
+    d = json.loads((pathlib.Path(path) / "config.json").read_text())
+    cfg = config_from_hf(d, **config_overrides)
+    return model_from_params(cfg, load_hf_params(path, cfg, mesh, rules), mesh, rules)
+
+
+# ---------------------------------------------------------------------------------------------------
+# export
+
+
+def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = None,
+            max_shard_bytes: int = 4 << 30) -> None:
+    """Write ``config.json`` and safetensors (``model.safetensors`` or numbered shards + index).
+
+    ``dtype``: 'float32' | 'bfloat16' | 'float16' for the stored tensors (default: the param dtype).
+    Only one parameter is gathered to host memory at a time.
+    """
+    cfg = model.cfg
+    path = pathlib.Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else \
+        np.dtype(dtype or cfg.param_dtype)
+    variables = _variables(model)
+    shapes = param_shapes(cfg)
+
+    # (hf name, hf shape, our name, layer)
+    entries = []
+    for name, shape in shapes.items():
+        if name in ("embed", "final_norm", "lm_head"):
+            entries.append((_hf_name(name, None), _ours_to_hf(name, np.empty(shape, np.bool_)).shape, name, None))
+        else:
+            hf_shape = _ours_to_hf(name, np.empty(shape[1:], np.bool_)).shape
+            entries += [(_hf_name(name, i), hf_shape, name, i) for i in range(cfg.n_layers)]
+    # Grouped by our parameter (not by HF name) so each stacked array is gathered to host once.
+
+    # Split into shards by size, keeping order.
+    shards: list[list] = [[]]
+    size = 0
+    for e in entries:
+        n = math.prod(e[1]) * out_dtype.itemsize
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += n
+
+    cache: dict[str, np.ndarray] = {}
+
+    def get(hf_name: str, by_name) -> np.ndarray:
+        _, _, name, layer = by_name[hf_name]
+        if name not in cache:
+            cache.clear()  # one of our (stacked) params in host memory at a time
+            cache[name] = np.asarray(jax.device_get(variables[name][...]))
+        a = cache[name] if layer is None else cache[name][layer]
+        return _ours_to_hf(name, a).astype(out_dtype)
+
+    names = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for fname, shard in zip(names, shards, strict=True):
+        by_name = {e[0]: e for e in shard}
+        write_safetensors(path / fname, [(e[0], e[1], out_dtype) for e in shard],
+                          lambda n, by_name=by_name: get(n, by_name), metadata={"format": "pt"})
+        weight_map.update({e[0]: fname for e in shard})
+    if len(shards) > 1:
+        total = sum(math.prod(e[1]) * out_dtype.itemsize for e in entries)
+        (path / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    dname = {np.dtype(ml_dtypes.bfloat16): "bfloat16", np.dtype(np.float16): "float16"}.get(out_dtype, "float32")
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dname), indent=2))

@@ -1,0 +1,133 @@
+"""Sharding rules, per-agent meshes, directly-sharded init; sharded logits == single-device logits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from mgrpo_jax.model import (
+    DEFAULT_RULES,
+    Transformer,
+    abstract_model,
+    get_model_config,
+    init_sharded,
+    logical_to_spec,
+    make_mesh,
+    shard_model,
+)
+
+TOL = 1e-5
+
+
+def _cfg(**kw):
+    base = dict(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+    base.update(kw)
+    return get_model_config("qwen3-tiny", **base)
+
+
+@nnx.jit
+def _forward(model, tokens, positions, mask):
+    return model(tokens, positions, attention_mask=mask)[0]
+
+
+@nnx.jit
+def _step(model, tokens, positions, mask, cache, idx):
+    return model(tokens, positions, attention_mask=mask, cache=cache, cache_index=idx)
+
+
+def _inputs(cfg, B=8, T=8, seed=0):
+    rng = np.random.default_rng(seed)
+    tok = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    lens = rng.integers(1, T + 1, B)
+    mask = jnp.asarray(np.arange(T)[None] < lens[:, None])
+    return tok, pos, mask
+
+
+def test_make_mesh_shapes_and_disjoint_subsets():
+    devs = jax.devices()
+    assert len(devs) == 8
+    m = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    assert dict(m.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert all(t == jax.sharding.AxisType.Auto for t in m.axis_types)
+    a = make_mesh({"data": -1, "tensor": 2}, devs[:4])
+    b = make_mesh({"fsdp": 4}, devs[4:])
+    assert dict(a.shape) == {"data": 2, "tensor": 2}
+    assert not set(a.devices.flat) & set(b.devices.flat)
+    with pytest.raises(ValueError):
+        make_mesh({"data": 3}, devs[:4])
+
+
+def test_logical_rules_to_partition_specs():
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    assert logical_to_spec(("layers", "embed", "q_heads", "head_dim"), DEFAULT_RULES, mesh,
+                           (2, 32, 4, 8)) == P(None, "fsdp", "tensor")
+    # A dimension that the axis does not divide is replicated instead of failing.
+    assert logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), DEFAULT_RULES, mesh,
+                           (2, 32, 1, 8)) == P(None, "fsdp")
+    assert logical_to_spec(("act_batch", "act_seq", "act_embed"), DEFAULT_RULES, mesh,
+                           (8, 5, 32)) == P(("data", "fsdp"))
+    assert logical_to_spec(("act_batch",), DEFAULT_RULES, mesh, (2,)) == P("data")
+    # An axis is used at most once per array; unknown names replicate; rules are plain data.
+    rules = (("a", "tensor"), ("b", ("tensor", "data")))
+    assert logical_to_spec(("a", "b", "zzz"), rules, mesh, (2, 2, 2)) == P("tensor", "data")
+    # Axes missing from the mesh are dropped (same rules on a data-only mesh).
+    small = make_mesh({"data": 8})
+    assert logical_to_spec(("vocab", "embed"), DEFAULT_RULES, small, (96, 32)) == P()
+
+
+def test_init_sharded_places_params_and_matches_unsharded_init():
+    cfg = _cfg()
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = init_sharded(cfg, mesh, rng=3)
+    q = model.layers.q[...]
+    assert q.sharding.spec == P(None, "fsdp", "tensor")
+    assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (2, 16, 2, 8)
+    assert model.embed[...].sharding.spec == P("tensor", "fsdp")
+    # Same values as a plain single-device init with the same key (mesh-independent init).
+    ref = Transformer(cfg, rngs=nnx.Rngs(3))
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 nnx.state(model, nnx.Param), nnx.state(ref, nnx.Param))
+    _, abstract = abstract_model(cfg, mesh)
+    assert abstract["layers"]["down"].sharding.spec == P(None, "tensor", "fsdp")
+
+
+@pytest.mark.parametrize("shape", [{"data": 2, "fsdp": 2, "tensor": 2}, {"fsdp": 2, "tensor": 4}])
+def test_sharded_logits_equal_single_device(shape):
+    cfg = _cfg()
+    ref_model = Transformer(cfg, rngs=nnx.Rngs(1))
+    tok, pos, mask = _inputs(cfg)
+    ref = _forward(ref_model, tok, pos, mask)
+    model = shard_model(ref_model, make_mesh(shape))
+    out = _forward(model, tok, pos, mask)
+    assert len(out.sharding.device_set) == 8
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
+
+
+def test_sharded_cache_decode_matches_full_forward():
+    cfg = _cfg()
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = init_sharded(cfg, mesh, rng=2)
+    tok, pos, _ = _inputs(cfg, B=4, T=6, seed=5)
+    ones = jnp.ones(tok.shape, bool)
+    ref = _forward(model, tok, pos, ones)
+    cache = model.init_cache(4, 8)
+    assert cache["k"].sharding.spec == P(None, ("data", "fsdp"), None, "tensor")
+    lg0, cache = _step(model, tok[:, :4], pos[:, :4], ones[:, :4], cache, jnp.int32(0))
+    lg1, cache = _step(model, tok[:, 4:5], pos[:, 4:5], ones[:, 4:5], cache, jnp.int32(4))
+    lg2, cache = _step(model, tok[:, 5:6], pos[:, 5:6], ones[:, 5:6], cache, jnp.int32(5))
+    np.testing.assert_allclose(np.asarray(jnp.concatenate([lg0, lg1, lg2], 1)), np.asarray(ref), atol=TOL)
+
+
+def test_two_agents_on_disjoint_device_subsets():
+    cfg_main, cfg_sub = _cfg(), _cfg(d_model=48, n_layers=1)
+    devs = jax.devices()
+    main = init_sharded(cfg_main, make_mesh({"data": 2, "tensor": 2}, devs[:4]), rng=0)
+    sub = init_sharded(cfg_sub, make_mesh({"data": 2, "tensor": 2}, devs[4:]), rng=1)
+    tok, pos, mask = _inputs(cfg_main, B=4)
+    out_main = _forward(main, tok, pos, mask)
+    out_sub = _forward(sub, tok, pos, mask)
+    assert out_main.sharding.device_set == set(devs[:4])
+    assert out_sub.sharding.device_set == set(devs[4:])
