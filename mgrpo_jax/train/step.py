@@ -1,0 +1,407 @@
+"""Jitted train steps for one agent: policy-gradient (any registered loss), supervised (SFT), log-probs.
+
+Every step is ``step(state, batch) -> (new_state, metrics)``, jitted ONCE per batch shape with explicit
+in/out shardings on the agent's mesh (state by its ``state_sharding``, batch rows over the mesh's
+``('data', 'fsdp')`` axes, metrics replicated) and the input state donated (its buffers are reused for
+the new state; do not touch the old state after the call).
+
+**Batch contract** (a dict of fixed-shape arrays; ``B`` rows, ``T`` tokens)::
+
+    tokens          [B, T] int32    the full trajectory (prompt, generated turns, tool responses)
+    positions       [B, T] int32    RoPE positions
+    attention_mask  [B, T] bool     True on real tokens (False = padding)
+    loss_mask       [B, T] float32  1 on tokens this policy generated (trained tokens); it is multiplied
+                                    by attention_mask, and column 0 is never trained (it has no context)
+    old_logprobs    [B, T] float32  behaviour log-probs, aligned like ``token_logprobs``:
+                                    old_logprobs[:, t] = log q(tokens[:, t] | tokens[:, :t]); column 0 is 0
+    advantages      [B]    float32  one advantage per row (broadcast over its trained tokens)
+    weights         [B]    float32  alignment weight per row (0 = padding row: contributes nothing)
+    ref_logprobs    [B, T] float32  optional, same alignment; used by the loss's KL term
+
+The SFT step needs only ``tokens, positions, attention_mask, loss_mask`` (``weights`` optional). ``B`` must
+be a multiple of ``micro_batches x (data x fsdp mesh size)``.
+
+**Exact gradient accumulation.** Losses return ``(loss_sum, denominator, metrics)``
+(:mod:`mgrpo_jax.core.losses`). The batch is cut into ``micro_batches`` micro-batches (row ``r`` goes to
+micro-batch ``r % micro_batches``) run under ``lax.scan``; the step accumulates the gradients of
+``loss_sum`` and the denominators (which do not depend on the parameters) and divides once at the end, so
+the update is that of ``sum(loss_sum) / sum(denominator)`` over the whole batch, for any number of
+micro-batches, up to float rounding. A batch with no trained tokens (denominator 0), or whose gradient is
+not finite, leaves params and optimizer state unchanged (``metrics['skipped'] = 1``; ``step`` still
+advances).
+
+**Metrics** (replicated float32 scalars): ``loss`` (the objective), ``grad_norm`` (before clipping),
+``lr`` (of this update; NaN for optimizers without an injected schedule), ``param_norm``, ``skipped``,
+``loss_denominator``, and the loss's own metrics combined over micro-batches token-weighted (``tokens``
+summed; ``*_min`` / ``*_max`` by min / max).
+
+**Several optimisation passes per batch (PPO epochs, the paper's mu).** Nothing special is needed: call
+the step again on the same batch; ``old_logprobs`` stay the behaviour log-probs, so the importance ratio
+moves away from 1 and the clip acts. With one update per pass the gradient is that of the whole batch,
+so row order is irrelevant; ``run_passes(..., minibatches=n, key=...)`` splits each pass into ``n``
+updates over freshly shuffled row subsets, the classic PPO schedule (build the step for ``B / n`` rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from mgrpo_jax.core.losses import PolicyLossInputs, get_loss
+from mgrpo_jax.model import gather_logprobs
+from mgrpo_jax.train.optim import current_lr
+from mgrpo_jax.train.state import AgentState
+
+BATCH_AXES = ("data", "fsdp")
+POLICY_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights")
+SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batch placement
+
+
+def _batch_axes(mesh: Mesh, batch_axes: Sequence[str]) -> tuple[str, ...]:
+    return tuple(a for a in batch_axes if a in mesh.shape)
+
+
+def batch_sharding(mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> NamedSharding:
+    """Rows over ``batch_axes`` (those the mesh has), everything else replicated."""
+    axes = _batch_axes(mesh, batch_axes)
+    return NamedSharding(mesh, PartitionSpec(axes if axes else None))
+
+
+def batch_shards(mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> int:
+    """How many ways the rows are split (B must be a multiple of this times the micro-batch count)."""
+    return math.prod(mesh.shape[a] for a in _batch_axes(mesh, batch_axes))
+
+
+def shard_batch(batch: dict, mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> dict:
+    """Host arrays -> global arrays with rows over ``batch_axes``.
+
+    Single process: ``batch`` is the whole batch. Multi-host: each process passes its own rows (the
+    process-local slice, in process order), as ``jax.make_array_from_process_local_data`` expects.
+    """
+    sharding = batch_sharding(mesh, batch_axes)
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+def _place(batch: dict, sharding: NamedSharding) -> dict:
+    """Put single-process inputs where the jitted step expects them (a no-op for arrays already there)."""
+    if jax.process_count() > 1:
+        return batch  # global arrays from shard_batch
+    out = {}
+    for k, v in batch.items():
+        if isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sharding, v.ndim):
+            out[k] = v
+        else:
+            out[k] = jax.device_put(v, sharding)
+    return out
+
+
+def _split_micro(x: jax.Array, micro_batches: int) -> jax.Array:
+    """[B, ...] -> [M, B / M, ...], micro-batch m = rows m, m + M, m + 2M, ... (keeps row sharding)."""
+    B = x.shape[0]
+    x = x.reshape((B // micro_batches, micro_batches) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+
+
+def _merge_micro(x: jax.Array) -> jax.Array:
+    """Inverse of ``_split_micro``."""
+    M, R = x.shape[:2]
+    return jnp.swapaxes(x, 0, 1).reshape((M * R,) + x.shape[2:])
+
+
+def _check_rows(B: int, micro_batches: int, shards: int):
+    if micro_batches < 1 or B % (micro_batches * shards):
+        raise ValueError(f"batch of {B} rows is not a multiple of micro_batches ({micro_batches}) x "
+                         f"row shards ({shards})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Forward pieces
+
+
+def _forward(graphdef, params, mb: dict, with_logits: bool = False):
+    """Teacher-forced log-probs [B, T] (``token_logprobs`` convention) and optionally the logits."""
+    model = nnx.merge(graphdef, params)
+    tokens = mb["tokens"]
+    mask = mb["attention_mask"].astype(jnp.bool_)
+    logits, _ = model(tokens, mb["positions"], attention_mask=mask)
+    lp = gather_logprobs(logits[:, :-1], tokens[:, 1:])
+    lp = jnp.concatenate([jnp.zeros((tokens.shape[0], 1), jnp.float32), lp], axis=1)
+    lp = jnp.where(mask, lp, 0.0)
+    return lp, (logits if with_logits else None)
+
+
+def _shifted_entropy(logits: jax.Array) -> jax.Array:
+    """Entropy of the distribution each token was predicted from, aligned like the log-probs."""
+    x = logits[:, :-1].astype(jnp.float32)
+    logz = jax.nn.logsumexp(x, axis=-1)
+    ent = logz - (jax.nn.softmax(x, axis=-1) * x).sum(-1)
+    return jnp.concatenate([jnp.zeros((x.shape[0], 1), jnp.float32), ent], axis=1)
+
+
+def _trained_mask(mb: dict) -> jax.Array:
+    mask = mb["loss_mask"].astype(jnp.float32) * mb["attention_mask"].astype(jnp.float32)
+    return mask.at[:, 0].set(0.0)
+
+
+def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False):
+    """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss."""
+
+    def f(params, mb):
+        lp, logits = _forward(graphdef, params, mb, with_logits=compute_entropy)
+        entropy = _shifted_entropy(logits) if compute_entropy else None
+        inputs = PolicyLossInputs(
+            logprobs=lp, old_logprobs=mb["old_logprobs"].astype(jnp.float32),
+            advantages=mb["advantages"], mask=_trained_mask(mb), weights=mb["weights"],
+            ref_logprobs=mb.get("ref_logprobs"), entropy=entropy)
+        loss_sum, denom, metrics = loss_fn(inputs, **loss_hparams)
+        return loss_sum, (denom, metrics)
+
+    return f
+
+
+def sft_micro_loss(graphdef):
+    """Token-mean cross-entropy on trained tokens (``loss_mask``), rows weighted by ``weights`` if given."""
+
+    def f(params, mb):
+        lp, logits = _forward(graphdef, params, mb, with_logits=True)
+        mask = _trained_mask(mb)
+        w = mb.get("weights")
+        w = jnp.ones((mask.shape[0],), jnp.float32) if w is None else w.astype(jnp.float32)
+        wm = mask * w[:, None]
+        loss_sum = -(lp * wm).sum()
+        denom = wm.sum()
+        trained = mask * (w[:, None] > 0)
+        tokens = trained.sum()
+        pred = jnp.argmax(logits[:, :-1], axis=-1)
+        hit = jnp.concatenate([jnp.zeros((mask.shape[0], 1), jnp.float32),
+                               (pred == mb["tokens"][:, 1:]).astype(jnp.float32)], axis=1)
+        metrics = {"tokens": tokens, "accuracy": (hit * trained).sum() / jnp.maximum(tokens, 1.0)}
+        return loss_sum, (denom, metrics)
+
+    return f
+
+
+# ---------------------------------------------------------------------------------------------------
+# The step machinery
+
+
+def combine_metrics(stacked: dict) -> dict:
+    """Combine per-micro-batch metric arrays [M]: ``tokens`` summed, ``*_min``/``*_max`` by min/max, the
+    rest token-weighted means (plain means when there is no ``tokens`` entry)."""
+    tokens = stacked.get("tokens")
+    total = None if tokens is None else tokens.sum()
+    out = {}
+    for k, v in stacked.items():
+        v = jnp.asarray(v, jnp.float32)
+        if k == "tokens":
+            out[k] = total
+        elif k.endswith("_min"):
+            out[k] = v.min()
+        elif k.endswith("_max"):
+            out[k] = v.max()
+        elif tokens is None:
+            out[k] = v.mean()
+        else:
+            out[k] = (v * tokens).sum() / jnp.maximum(total, 1.0)
+    return out
+
+
+class TrainStep:
+    """A jitted ``step(state, batch) -> (new_state, metrics)`` (see the module docstring).
+
+    Attributes: ``jitted`` (the ``jax.jit`` function, e.g. for ``.lower``), ``batch_sharding``,
+    ``micro_batches``, ``trace_count`` (how many times the step was traced: 1 per batch shape/structure).
+    """
+
+    def __init__(self, jitted, sharding: NamedSharding, micro_batches: int, counter: list):
+        self.jitted = jitted
+        self.batch_sharding = sharding
+        self.micro_batches = micro_batches
+        self._counter = counter
+
+    @property
+    def trace_count(self) -> int:
+        return self._counter[0]
+
+    def __call__(self, state: AgentState, batch: dict):
+        return self.jitted(state, _place(batch, self.batch_sharding))
+
+
+def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Callable,
+               state_sharding: AgentState, mesh: Mesh, micro_batches: int = 1, *,
+               batch_axes: Sequence[str] = BATCH_AXES, donate: bool = True) -> TrainStep:
+    """The shared machinery: exact accumulation of ``micro_loss(params, mb) -> (loss_sum, (denom,
+    metrics))`` over micro-batches, one optimizer update, jitted with shardings and donation."""
+    del graphdef  # captured by micro_loss; kept in the signature for symmetry
+    micro_batches = int(micro_batches)
+    bshard = batch_sharding(mesh, batch_axes)
+    shards = batch_shards(mesh, batch_axes)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    counter = [0]
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def step(state: AgentState, batch: dict):
+        counter[0] += 1
+        _check_rows(batch["tokens"].shape[0], micro_batches, shards)
+        params = state.params
+
+        def one(mb):
+            mb = jax.lax.with_sharding_constraint(mb, bshard)
+            (loss_sum, (denom, metrics)), grads = grad_fn(params, mb)
+            grads = jax.lax.with_sharding_constraint(grads, state_sharding.params)
+            return grads, loss_sum, denom, metrics
+
+        if micro_batches == 1:
+            grads, loss_sum, denom, metrics = one(batch)
+            stacked = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32)[None], metrics)
+        else:
+            mbs = jax.tree.map(lambda x: _split_micro(x, micro_batches), batch)
+
+            def body(acc, mb):
+                g, ls, dn, m = one(mb)
+                return jax.tree.map(jnp.add, acc, g), (ls, dn, m)
+
+            zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
+                                                     state_sharding.params)
+            grads, (ls, dn, stacked) = jax.lax.scan(body, zeros, mbs)
+            loss_sum, denom = ls.sum(), dn.sum()
+
+        safe = jnp.where(denom > 0, denom, 1.0)
+        grads = jax.tree.map(lambda g: g / safe.astype(g.dtype), grads)
+        grad_norm = optax.tree.norm(grads)
+        ok = (denom > 0) & jnp.isfinite(grad_norm)
+        updates, new_opt = optimizer.update(grads, state.opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+
+        def keep(new, old):
+            return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+        new_state = AgentState(step=state.step + 1, params=keep(new_params, params),
+                               opt_state=keep(new_opt, state.opt_state))
+        out = combine_metrics(stacked)
+        out.update(
+            loss=(loss_sum / safe).astype(jnp.float32),
+            loss_denominator=jnp.asarray(denom, jnp.float32),
+            grad_norm=grad_norm.astype(jnp.float32),
+            param_norm=optax.tree.norm(new_state.params).astype(jnp.float32),
+            lr=current_lr(new_state.opt_state),
+            skipped=(~ok).astype(jnp.float32),
+        )
+        return new_state, out
+
+    jitted = jax.jit(step, in_shardings=(state_sharding, bshard), out_shardings=(state_sharding, replicated),
+                     donate_argnums=(0,) if donate else ())
+    return TrainStep(jitted, bshard, micro_batches, counter)
+
+
+def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_name: str,
+                     loss_hparams: dict | None, state_sharding: AgentState, mesh: Mesh,
+                     micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
+                     compute_entropy: bool = False, donate: bool = True) -> TrainStep:
+    """Policy-gradient step with the registered loss ``loss_name`` (``grpo``, ``dr_grpo``, ``gspo``, ...)
+    and its keyword hyper-parameters. ``compute_entropy`` adds the policy's token entropy to the metrics
+    (costs a softmax over the vocabulary). See the module docstring for the batch and the metrics."""
+    micro = policy_micro_loss(graphdef, get_loss(loss_name), dict(loss_hparams or {}), compute_entropy)
+    return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
+                      batch_axes=batch_axes, donate=donate)
+
+
+def make_sft_step(graphdef, optimizer: optax.GradientTransformation, state_sharding: AgentState,
+                  mesh: Mesh, micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
+                  donate: bool = True) -> TrainStep:
+    """Supervised step: token-mean cross-entropy over ``loss_mask`` tokens (clones expert transcripts).
+
+    Metrics: ``loss`` (mean NLL per trained token), ``accuracy`` (greedy next-token accuracy), ``tokens``,
+    plus the common ones.
+    """
+    return build_step(graphdef, optimizer, sft_micro_loss(graphdef), state_sharding, mesh, micro_batches,
+                      batch_axes=batch_axes, donate=donate)
+
+
+def make_logprob_fn(graphdef, state_sharding: AgentState, mesh: Mesh, *, micro_batches: int = 1,
+                    batch_axes: Sequence[str] = BATCH_AXES):
+    """Jitted ``fn(params, tokens, positions, attention_mask) -> [B, T] float32`` teacher-forced log-probs
+    (``token_logprobs`` convention: column 0 and padding are 0), e.g. to recompute old / reference
+    log-probs. ``params`` is ``state.params`` (or a frozen reference's). ``micro_batches`` bounds memory
+    (rows are processed in that many chunks under ``lax.map``)."""
+    bshard = batch_sharding(mesh, batch_axes)
+    shards = batch_shards(mesh, batch_axes)
+    micro_batches = int(micro_batches)
+
+    def fn(params, tokens, positions, attention_mask):
+        _check_rows(tokens.shape[0], micro_batches, shards)
+        batch = {"tokens": tokens, "positions": positions, "attention_mask": attention_mask}
+        if micro_batches == 1:
+            return _forward(graphdef, params, batch)[0]
+
+        def one(mb):
+            mb = jax.lax.with_sharding_constraint(mb, bshard)
+            return _forward(graphdef, params, mb)[0]
+
+        mbs = jax.tree.map(lambda x: _split_micro(x, micro_batches), batch)
+        return _merge_micro(jax.lax.map(one, mbs))
+
+    jitted = jax.jit(fn, in_shardings=(state_sharding.params, bshard, bshard, bshard), out_shardings=bshard)
+
+    def call(params, tokens, positions, attention_mask):
+        b = _place({"t": tokens, "p": positions, "m": attention_mask}, bshard)
+        return jitted(params, b["t"], b["p"], b["m"])
+
+    call.jitted = jitted
+    return call
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several passes over one batch
+
+
+def _reorder(batch: dict, perm: jax.Array, minibatches: int) -> list[dict]:
+    rows = batch["tokens"].shape[0]
+    size = rows // minibatches
+    shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), batch)
+    return [jax.tree.map(lambda x, i=i: x[i * size:(i + 1) * size], shuffled) for i in range(minibatches)]
+
+
+_reorder_jit = jax.jit(_reorder, static_argnums=(2,))
+
+
+def run_passes(step: TrainStep, state: AgentState, batch: dict, passes: int, key: jax.Array | None = None,
+               minibatches: int = 1) -> tuple[AgentState, list[dict[str, Any]]]:
+    """``passes`` optimisation passes (PPO epochs) over one batch; returns the state and every update's
+    metrics (device arrays: fetch them when convenient).
+
+    ``minibatches = n`` splits each pass into ``n`` updates over consecutive row blocks of size ``B / n``
+    (``step`` must be built for that row count); with ``key`` the rows are reshuffled before every pass
+    (``jax.random.permutation``), otherwise taken in order. With ``minibatches = 1`` every update sees the
+    whole batch and the shuffle changes nothing, so it is skipped.
+    """
+    rows = int(batch["tokens"].shape[0])
+    if rows % minibatches:
+        raise ValueError(f"{rows} rows do not split into {minibatches} minibatches")
+    metrics = []
+    for _ in range(int(passes)):
+        if minibatches == 1:
+            parts = [batch]
+        else:
+            if key is None:
+                perm = jnp.arange(rows)
+            else:
+                key, sub = jax.random.split(key)
+                perm = jax.random.permutation(sub, rows)
+            parts = _reorder_jit(batch, perm, minibatches)
+        for part in parts:
+            state, m = step(state, part)
+            metrics.append(m)
+    return state, metrics
