@@ -1,0 +1,38 @@
+"""The model benchmark's code path at tiny sizes (figures are not checked: no timing assertions)."""
+
+import json
+
+import pytest
+
+from mgrpo_jax.bench import model as bench
+
+REQUIRED = ("decode_tokens_per_s", "hf_decode_tokens_per_s", "train_mfu", "peak_memory_gb",
+            "hf_train_tokens_per_s", "train_tokens_per_s", "prefill_tokens_per_s", "matmul_peak_gflops")
+
+
+def test_quick_benchmark_emits_one_json_line(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    figures = bench.main(["--quick"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    parsed = json.loads(last)
+    for key in REQUIRED:
+        assert key in parsed and parsed[key] > 0, key
+    assert parsed["decode_tokens_per_s"] == figures["decode_tokens_per_s"]
+    assert parsed["new_tokens"] == bench.QUICK.new_tokens
+
+
+def test_flop_count_of_bench_shape():
+    cfg = bench.get_model_config("bench")
+    # 4 layers x (q 256x256 + k,v 256x128 + o 256x256 + 3 MLP 256x1024) + LM head 256x2048.
+    matmul_params = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 1024) + 256 * 2048
+    assert bench.train_flops_per_token(cfg, 384) == 6 * matmul_params + 3 * 4 * 4 * 384 * 4 * 64
+
+
+def test_hf_peer_has_the_same_shape():
+    pytest.importorskip("transformers")
+    cfg = bench.get_model_config("bench")
+    hf = bench.hf_config(cfg)
+    assert (hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads,
+            hf.num_key_value_heads, hf.head_dim, hf.intermediate_size) == (2048, 256, 4, 4, 2, 64, 1024)
+    assert hf.tie_word_embeddings is False
