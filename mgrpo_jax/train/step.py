@@ -100,7 +100,7 @@ def _place(batch: dict, sharding: NamedSharding) -> dict:
         return batch  # global arrays from shard_batch
     out = {}
     for k, v in batch.items():
-        if isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sharding, v.ndim):
+        if isinstance(v, jax.Array) and v.sharding == sharding:
             out[k] = v
         else:
             out[k] = jax.device_put(v, sharding)
