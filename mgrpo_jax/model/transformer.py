@@ -17,7 +17,7 @@ Call convention::
 
 Cache pytree (a dict)::
 
-    {'k': [L, B, S, K, Dh], 'v': [L, B, S, K, Dh]  (compute dtype; keys stored after RoPE),
+    {'k': [L, B, K, S, Dh], 'v': [L, B, K, S, Dh]  (heads-major; compute dtype; keys after RoPE),
      'mask': [B, S] bool  (slot holds a real key)}
 
 Parameters are stored stacked over layers (leading ``L`` axis) and the layers run under
@@ -183,16 +183,17 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 
 def attention(q, k, v, mask, cfg: ModelConfig):
-    """q ``[B,T,H,Dh]``, k/v ``[B,S,K,Dh]``, mask ``[B,T,S]`` bool -> ``[B,T,H,Dh]``."""
+    """q ``[B,T,H,Dh]``, k/v ``[B,K,S,Dh]`` (heads-major, the cache layout), mask ``[B,T,S]`` bool
+    -> ``[B,T,H,Dh]``. Scores and softmax in float32; fully masked rows give finite values."""
     B, T, H, Dh = q.shape
-    K = k.shape[2]
+    K = k.shape[1]
     q = q.reshape(B, T, K, H // K, Dh)
-    s = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * cfg.attn_scale
+    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * cfg.attn_scale
     if cfg.attn_logit_softcap is not None:
         s = cfg.attn_logit_softcap * jnp.tanh(s / cfg.attn_logit_softcap)
     s = jnp.where(mask[:, None, None, :, :], s, _NEG_INF)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+    o = jnp.einsum("bkgts,bksd->btkgd", p, v)
     return o.reshape(B, T, H, Dh)
 
 
@@ -216,7 +217,8 @@ def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, 
         k = rms_norm(k, lp["k_norm"], eps, p1)
     q = apply_rope(q, sin, cos)
     k = apply_rope(k, sin, cos)
-    k_all, v_all, kv_state = kv_update(k, v)
+    # Keys / values heads-major [B, K, T, Dh] (the cache layout).
+    k_all, v_all, kv_state = kv_update(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
     o = attention(q, k_all, v_all, mask, cfg)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
     x = x + jnp.einsum("bthk,hkd->btd", o, w["o"])
@@ -299,7 +301,7 @@ class Transformer(nnx.Module):
                 lp, i = xs
 
                 def kv_update(k, v):
-                    at = (i, zero, idx, zero, zero)
+                    at = (i, zero, zero, idx, zero)
                     nk = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
                     nv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
                     k_all = jax.lax.dynamic_index_in_dim(nk, i, 0, keepdims=False).astype(cdt)
@@ -332,8 +334,8 @@ class Transformer(nnx.Module):
 
 
 CACHE_AXES = {
-    "k": ("cache_layers", "cache_batch", "cache_slots", "cache_kv_heads", "cache_head_dim"),
-    "v": ("cache_layers", "cache_batch", "cache_slots", "cache_kv_heads", "cache_head_dim"),
+    "k": ("cache_layers", "cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
+    "v": ("cache_layers", "cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
     "mask": ("cache_batch", "cache_slots"),
 }
 
@@ -341,7 +343,7 @@ CACHE_AXES = {
 def cache_shape(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     """``jax.ShapeDtypeStruct`` pytree of the cache (no allocation)."""
     dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
-    kv = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    kv = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     return {"k": jax.ShapeDtypeStruct(kv, dt), "v": jax.ShapeDtypeStruct(kv, dt),
             "mask": jax.ShapeDtypeStruct((batch, max_len), jnp.bool_)}
 

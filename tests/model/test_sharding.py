@@ -114,7 +114,7 @@ def test_sharded_cache_decode_matches_full_forward():
     ones = jnp.ones(tok.shape, bool)
     ref = _forward(model, tok, pos, ones)
     cache = model.init_cache(4, 8)
-    assert cache["k"].sharding.spec == P(None, ("data", "fsdp"), None, "tensor")
+    assert cache["k"].sharding.spec == P(None, ("data", "fsdp"), "tensor")
     lg0, cache = _step(model, tok[:, :4], pos[:, :4], ones[:, :4], cache, jnp.int32(0))
     lg1, cache = _step(model, tok[:, 4:5], pos[:, 4:5], ones[:, 4:5], cache, jnp.int32(4))
     lg2, cache = _step(model, tok[:, 5:6], pos[:, 5:6], ones[:, 5:6], cache, jnp.int32(5))
