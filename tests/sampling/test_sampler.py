@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from mgrpo_jax.model import Transformer, get_model_config, make_mesh, shard_model, token_logprobs
+from mgrpo_jax.model import CACHE_AXES, Transformer, get_model_config, make_mesh, shard_model, token_logprobs
 from mgrpo_jax.sampling import NO_STOP, Sampler, pad_prompts
 from mgrpo_jax.sampling import sampler as sampler_mod
 
@@ -173,7 +173,10 @@ def test_sharded_matches_single_device(model, sampler, prompts):
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=LOGPROB_TOL)
     cache = s._caches[(4, P + MAX_NEW)]
-    assert cache["k"].sharding.spec[1] == "data" and cache["k"].sharding.spec[3] == "tensor"
+    axes = CACHE_AXES["k"]  # the model's cache layout, by logical name
+    spec = tuple(cache["k"].sharding.spec) + (None,) * len(axes)
+    assert spec[axes.index("cache_batch")] == "data"
+    assert spec[axes.index("cache_kv_heads")] == "tensor"
 
 
 def test_input_validation(sampler):
