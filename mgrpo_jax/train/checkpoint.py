@@ -1,0 +1,222 @@
+"""Checkpoints of several agents at once, plus the host state, and a clean exit on preemption.
+
+::
+
+    ckpt = Checkpointer(workdir, keep=3, save_every=100)
+    start = 0
+    if ckpt.latest_step() is not None:                       # resume
+        states, host = ckpt.restore({"main": abstract_main, "sub": abstract_sub})
+        start = host["step"]
+    with PreemptionGuard() as guard:
+        for step in range(start, total):
+            ...train...
+            stop = guard.should_stop()
+            ckpt.save(step + 1, {"main": main_state, "sub": sub_state},
+                      {"step": step + 1, "rng": key_to_json(key), "data": it.get_state()}, force=stop)
+            if stop:
+                break
+    ckpt.wait(); ckpt.close()
+
+- Layout: ``<workdir>/checkpoints/<step>/<agent>/`` (Orbax ``StandardSave`` of that agent's pytree, e.g. an
+  ``AgentState``) and ``<workdir>/checkpoints/<step>/host_state/`` (a JSON blob: step, RNG key data,
+  data-iterator state, queue / FIFO offsets — anything ``json`` can write). ``workdir`` may be ``gs://``.
+- Saves are asynchronous (the arrays are copied off the devices, then written in the background); the
+  next save, ``wait()`` and ``close()`` wait for the previous one. A step directory appears only once
+  complete (Orbax's atomic rename / commit marker), so a crash mid-save leaves the previous checkpoint.
+- ``restore`` takes *abstract* targets (``jax.ShapeDtypeStruct`` leaves carrying shardings, e.g. from
+  ``state.abstract_agent_state`` on the mesh you want) and reads each array straight into that sharding —
+  the mesh may differ from the one that saved it (other shape, other devices).
+- Only the agents named in ``restore`` are read, so a stage-2 run can take just one agent of a stage-1
+  checkpoint (e.g. ``restore({"main": abs_main}, step=s)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+HOST_ITEM = "host_state"
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    """Orbax ``CheckpointManager`` over several agents' states plus a JSON host state (module docstring).
+
+    ``keep``: how many of the latest checkpoints to keep (None: all). ``save_every``: ``save`` writes only
+    on steps that are multiples of it unless ``force=True`` (use force for the final / preemption save).
+    """
+
+    def __init__(self, workdir: str | epath.PathLike, keep: int | None = 3, save_every: int = 1, *,
+                 subdir: str = "checkpoints", async_save: bool = True):
+        self.directory = epath.Path(workdir) / subdir
+        self.save_every = max(int(save_every), 1)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                               create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    # -- queries ------------------------------------------------------------------------------------
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def should_save(self, step: int) -> bool:
+        """``step`` is a multiple of ``save_every`` and newer than the latest checkpoint."""
+        latest = self.latest_step()
+        return step % self.save_every == 0 and (latest is None or step > latest)
+
+    # -- save / restore -----------------------------------------------------------------------------
+
+    def save(self, step: int, states: Mapping[str, Any], host_state: Mapping[str, Any] | None = None, *,
+             force: bool = False) -> bool:
+        """Save ``states`` ({agent name: pytree}) and ``host_state`` at ``step`` (asynchronously).
+
+        Returns whether a save was started (False when ``step`` is not due and ``force`` is False, or when
+        that step is already saved). Call on every process (multi-host saves are collective).
+        """
+        if HOST_ITEM in states:
+            raise ValueError(f"{HOST_ITEM!r} is reserved for the host state")
+        if not force and not self.should_save(step):
+            return False
+        if step in self._manager.all_steps():
+            return False
+        items = {name: ocp.args.StandardSave(tree) for name, tree in states.items()}
+        items[HOST_ITEM] = ocp.args.JsonSave(_jsonable(dict(host_state or {})))
+        return bool(self._manager.save(int(step), args=ocp.args.Composite(**items), force=True))
+
+    def restore(self, abstract_states: Mapping[str, Any], step: int | None = None
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(states, host_state)`` of ``step`` (default: the latest) into the given abstract targets.
+
+        ``abstract_states``: {agent name: pytree of ``jax.ShapeDtypeStruct`` with ``sharding``}, or of
+        concrete arrays (their shardings are used). Raises ``FileNotFoundError`` when there is nothing to
+        restore.
+        """
+        self.wait()
+        if step is None:
+            step = self.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        items = {name: ocp.args.StandardRestore(_abstract(tree)) for name, tree in abstract_states.items()}
+        items[HOST_ITEM] = ocp.args.JsonRestore()
+        out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        return {name: out[name] for name in abstract_states}, dict(out[HOST_ITEM] or {})
+
+    def wait(self) -> None:
+        """Block until the pending asynchronous save (if any) is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _abstract(tree):
+    def f(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+
+    return jax.tree.map(f, tree)
+
+
+def _jsonable(x):
+    """numpy / jax scalars and arrays -> Python numbers and lists, recursively (JSON can then write it)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, jax.Array | np.ndarray | np.generic):
+        return np.asarray(x).tolist()
+    return x
+
+
+def key_to_json(key: jax.Array) -> dict:
+    """A JAX PRNG key (new-style typed or raw uint32) as JSON-able data for the host state."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return {"impl": str(jax.random.key_impl(key)), "data": np.asarray(jax.random.key_data(key)).tolist()}
+    return {"impl": None, "data": np.asarray(key).tolist()}
+
+
+def key_from_json(blob: Mapping) -> jax.Array:
+    """Inverse of :func:`key_to_json`."""
+    data = np.asarray(blob["data"], np.uint32)
+    if blob.get("impl") is None:
+        return jax.numpy.asarray(data)
+    return jax.random.wrap_key_data(data, impl=blob["impl"])
+
+
+class PreemptionGuard:
+    """Context manager: SIGTERM (a TPU VM's preemption notice) sets a flag instead of killing the process.
+
+    The trainer polls ``should_stop()`` once per step, and on True saves a checkpoint (``force=True``) and
+    exits cleanly. The previous handlers are restored on exit. Handlers can only be installed from the
+    main thread; elsewhere the guard is inert (``installed`` False) but ``request_stop()`` still works.
+
+    Multi-host: only some hosts may receive the signal, and every host must save at the same step, so
+    ``should_stop()`` agrees across processes (an all-gather of the flags: call it at the same point of
+    the loop on every process).
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+        self.signals = tuple(signals)
+        self._event = threading.Event()
+        self._previous: dict[int, Any] = {}
+        self.installed = False
+        self.received: list[int] = []
+
+    def _handler(self, signum, frame):
+        del frame
+        self.received.append(signum)
+        if not self._event.is_set():
+            log.warning("received signal %d: will checkpoint and stop at the end of this step", signum)
+        self._event.set()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handler)
+            self.installed = True
+        return self
+
+    def __exit__(self, *exc):
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self.installed = False
+        return False
+
+    @property
+    def requested(self) -> bool:
+        """This process received a stop signal (or ``request_stop`` was called)."""
+        return self._event.is_set()
+
+    def request_stop(self) -> None:
+        self._event.set()
+
+    def should_stop(self) -> bool:
+        """True once any process has been asked to stop (a collective when there are several processes)."""
+        local = self._event.is_set()
+        if jax.process_count() == 1:
+            return local
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray([local], np.int32))
+        return bool(np.asarray(flags).any())

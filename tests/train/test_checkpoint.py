@@ -1,0 +1,94 @@
+"""Checkpoints: both agents and the host state round-trip, sharded, also onto other meshes; SIGTERM."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from mgrpo_jax.model import make_mesh
+from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard, key_from_json, key_to_json
+from mgrpo_jax.train.optim import default_optim_config
+from mgrpo_jax.train.state import abstract_agent_state, create_agent_state
+
+OPTIM = default_optim_config(lr=1e-3, weight_decay=0.1)
+
+
+def _equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _bump(state, k):
+    """A state that differs from the init everywhere (so a restore of the wrong step would show)."""
+    return jax.tree.map(lambda x: x + k if x.dtype != bool else x, state)
+
+
+def test_round_trip_both_agents_and_other_meshes(tmp_path, tiny_cfg, mesh8):
+    devs = jax.devices()
+    main_mesh = make_mesh({"data": 1, "fsdp": 2, "tensor": 2}, devs[:4])  # disjoint halves, as colocated
+    sub_mesh = make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, devs[4:])
+    _, main, _ = create_agent_state(tiny_cfg, OPTIM, main_mesh, seed=1)
+    _, sub, _ = create_agent_state(tiny_cfg, OPTIM, sub_mesh, seed=2)
+    key = jax.random.key(42)
+    host = {"step": 7, "rng": key_to_json(key), "data": {"next_index": 3, "epoch": np.int64(1)},
+            "fifo": [0, 12], "history": np.arange(3)}
+
+    with Checkpointer(tmp_path, keep=2, save_every=5) as ckpt:
+        assert ckpt.latest_step() is None
+        assert not ckpt.save(7, {"main": main, "sub": sub}, host)  # not due: 7 % 5 != 0
+        assert ckpt.save(7, {"main": main, "sub": sub}, host, force=True)  # e.g. on preemption
+        assert ckpt.save(10, {"main": _bump(main, 1), "sub": _bump(sub, 1)}, dict(host, step=10))
+        assert ckpt.save(15, {"main": _bump(main, 2), "sub": _bump(sub, 2)}, dict(host, step=15))
+        ckpt.wait()
+        assert ckpt.all_steps() == [10, 15]  # keep=2
+        assert ckpt.latest_step() == 15
+
+    # A fresh manager (a restarted job) restores onto the same meshes...
+    ckpt = Checkpointer(tmp_path, keep=2, save_every=5)
+    _, abs_main, _ = abstract_agent_state(tiny_cfg, OPTIM, main_mesh)
+    _, abs_sub, _ = abstract_agent_state(tiny_cfg, OPTIM, sub_mesh)
+    states, got_host = ckpt.restore({"main": abs_main, "sub": abs_sub})
+    _equal(states["main"], _bump(main, 2))
+    _equal(states["sub"], _bump(sub, 2))
+    for leaf, want in zip(jax.tree.leaves(states["sub"]), jax.tree.leaves(abs_sub), strict=True):
+        assert leaf.sharding == want.sharding
+    assert got_host["step"] == 15 and got_host["fifo"] == [0, 12] and got_host["history"] == [0, 1, 2]
+    assert got_host["data"] == {"next_index": 3, "epoch": 1}
+    assert (jax.random.key_data(key_from_json(got_host["rng"])) == jax.random.key_data(key)).all()
+
+    # ...and onto a different mesh shape (all 8 devices; tensor 2 -> data 2 x fsdp 2 x tensor 2), or one
+    # device; an older step; one agent only.
+    _, abs8, _ = abstract_agent_state(tiny_cfg, OPTIM, mesh8)
+    states, got_host = ckpt.restore({"main": abs8}, step=10)
+    assert set(states) == {"main"} and got_host["step"] == 10
+    _equal(states["main"], _bump(main, 1))
+    q = states["main"].params["layers"]["q"][...]
+    assert q.sharding.mesh.shape == mesh8.shape
+    assert q.sharding == jax.tree.leaves(abs8.params["layers"]["q"])[0].sharding
+    mesh1 = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devs[7:])
+    _, abs1, _ = abstract_agent_state(tiny_cfg, OPTIM, mesh1)
+    states, _ = ckpt.restore({"sub": abs1})
+    _equal(states["sub"], _bump(sub, 2))
+    ckpt.close()
+
+
+def test_restore_without_checkpoint_raises(tmp_path):
+    with Checkpointer(tmp_path) as ckpt, pytest.raises(FileNotFoundError):
+        ckpt.restore({"main": {"x": jax.ShapeDtypeStruct((2,), np.float32)}})
+
+
+def test_host_state_name_is_reserved(tmp_path):
+    with Checkpointer(tmp_path) as ckpt, pytest.raises(ValueError):
+        ckpt.save(1, {"host_state": {"x": np.zeros(2)}}, force=True)
+
+
+def test_sigterm_sets_the_flag_and_handlers_are_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with PreemptionGuard() as guard:
+        assert guard.installed and not guard.should_stop()
+        os.kill(os.getpid(), signal.SIGTERM)  # the process survives: the handler only sets a flag
+        assert guard.requested and guard.should_stop()
+        assert guard.received == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) == before
