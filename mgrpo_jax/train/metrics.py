@@ -1,0 +1,262 @@
+"""Metric logging: JSON lines, TensorBoard event files, a console progress line, PNG curves.
+
+::
+
+    writer = MetricWriter(workdir, resume_step=restored_step, total_steps=cfg.steps)
+    writer.write(step, {"reward_main": 0.4, "loss": ..., "episodes": 64, "tokens": 51_200})
+    writer.close()
+    plot_curves(writer.jsonl_path, ["reward_main", "reward_sub"], workdir + "/rewards.png")
+
+- ``<workdir>/metrics.jsonl``: one JSON object per ``write``: ``{"step": s, "time": unix_seconds, ...}``.
+  Scalars become floats (non-finite ones ``null``, so every line is strict JSON), small arrays lists.
+  The file is appended to, so a resumed run continues it; ``resume_step=s`` first drops every line with
+  ``step > s`` (the steps the resumed run will redo) and any torn last line.
+- ``<workdir>/tb/``: TensorBoard event files (``tensorboardX``; no TensorFlow needed). On resume the
+  writer sets ``purge_step = s + 1``, so TensorBoard hides the old run's events past the checkpoint.
+- Console: ``[step 12/100] reward_main=0.4100 loss=-0.0312 | 2.31 s/step 27.7 episodes/s 22165 tokens/s``.
+  Rates are ``value / seconds since the previous write`` for the ``rate_keys`` present in the metrics.
+- Only process 0 writes by default (``enabled=jax.process_index() == 0``); other processes get a no-op
+  writer, so the trainer can call it unconditionally.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+DEFAULT_RATE_KEYS = ("episodes", "tokens")
+
+
+def _to_python(v) -> Any:
+    """A metric value as JSON-able Python: float (None if not finite), list for small arrays, else None."""
+    if isinstance(v, bool | int | float | np.generic | np.ndarray | jax.Array):
+        arr = np.asarray(jax.device_get(v))
+        if arr.dtype.kind not in "biuf":
+            return None
+        if arr.size == 1:
+            x = float(arr.reshape(()))
+            return x if math.isfinite(x) else None
+        if arr.size <= 1024:
+            return [x if math.isfinite(x) else None for x in arr.astype(np.float64).ravel().tolist()]
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Sequence):
+        return [_to_python(x) for x in v]
+    return None
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every complete JSON object of a JSON-lines file (a torn last line is skipped)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def truncate_jsonl(path: str | os.PathLike, last_step: int) -> int:
+    """Keep only the lines with ``step <= last_step`` (atomic rewrite); returns how many were dropped."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if rec.get("step", -1) <= last_step:
+                kept.append(json.dumps(rec) + "\n")
+            else:
+                dropped += 1
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    return dropped
+
+
+class MetricWriter:
+    """JSONL + TensorBoard + console writer (see the module docstring). A context manager."""
+
+    def __init__(self, workdir: str | os.PathLike, enabled: bool | None = None, *,
+                 resume_step: int | None = None, total_steps: int | None = None, tensorboard: bool = True,
+                 console: bool = True, console_keys: Sequence[str] | None = None,
+                 rate_keys: Sequence[str] = DEFAULT_RATE_KEYS, stream=None):
+        self.enabled = (jax.process_index() == 0) if enabled is None else bool(enabled)
+        self.workdir = os.fspath(workdir)
+        self.jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
+        self.tb_dir = os.path.join(self.workdir, "tb")
+        self.total_steps = total_steps
+        self.console = console
+        self.console_keys = None if console_keys is None else tuple(console_keys)
+        self.rate_keys = tuple(rate_keys)
+        self.stream = stream
+        self._last_time: float | None = None
+        self._tb = None
+        self._file = None
+        if not self.enabled:
+            return
+        os.makedirs(self.workdir, exist_ok=True)
+        if resume_step is not None:
+            truncate_jsonl(self.jsonl_path, resume_step)
+        self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if resume_step is None else int(resume_step) + 1
+            self._tb = SummaryWriter(logdir=self.tb_dir, purge_step=purge, flush_secs=10)
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def write(self, step: int, metrics: Mapping[str, Any], *, console: bool | None = None) -> dict:
+        """Log one step's metrics (device arrays are fetched here). Returns the JSON-able values."""
+        values = {str(k): _to_python(v) for k, v in metrics.items()}
+        values = {k: v for k, v in values.items() if v is not None or _is_number(metrics[k])}
+        if not self.enabled:
+            return values
+        now = time.time()
+        self._file.write(json.dumps({"step": int(step), "time": now, **values}) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, float):
+                    self._tb.add_scalar(k, v, global_step=int(step))
+        if self.console if console is None else console:
+            print(self.progress_line(step, values, now), file=self.stream or sys.stdout, flush=True)
+        self._last_time = now
+        return values
+
+    def progress_line(self, step: int, values: Mapping[str, Any], now: float | None = None) -> str:
+        """``[step s/total] key=value ... | s/step and rates`` for the console."""
+        now = time.time() if now is None else now
+        head = f"[step {step}" + (f"/{self.total_steps}" if self.total_steps else "") + "]"
+        if self.console_keys is not None:
+            keys = [k for k in self.console_keys if k in values]
+        else:
+            keys = [k for k in values if "reward" in k] + [k for k in ("loss", "accuracy") if k in values]
+            keys = keys[:8]
+        parts = [head] + [f"{k}={_fmt(values[k])}" for k in keys]
+        if self._last_time is not None:
+            dt = max(now - self._last_time, 1e-9)
+            rates = [f"{dt:.2f} s/step"]
+            for k in self.rate_keys:
+                if isinstance(values.get(k), float):
+                    rates.append(f"{values[k] / dt:.1f} {k}/s")
+            parts += ["|"] + rates
+        return " ".join(parts)
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """A piece of text (e.g. a transcript) to TensorBoard's text tab and ``texts.jsonl``."""
+        if not self.enabled:
+            return
+        with open(os.path.join(self.workdir, "texts.jsonl"), "a") as f:
+            f.write(json.dumps({"step": int(step), "tag": tag, "text": text}) + "\n")
+        if self._tb is not None:
+            self._tb.add_text(tag, text, global_step=int(step))
+
+    def write_histogram(self, step: int, tag: str, values: Iterable[float], bins="auto") -> None:
+        """A histogram of raw values (e.g. the d_k of a batch) to TensorBoard."""
+        if self.enabled and self._tb is not None:
+            self._tb.add_histogram(tag, np.asarray(list(values), np.float64), global_step=int(step), bins=bins)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _is_number(v) -> bool:
+    try:
+        return np.asarray(jax.device_get(v)).dtype.kind in "biuf" and np.size(v) == 1
+    except Exception:  # noqa: BLE001 - anything unconvertible is simply not a number
+        return False
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) >= 1e4 or (v != 0 and abs(v) < 1e-3) else f"{v:.4f}"
+    return str(v)
+
+
+def ema_curve(values: Sequence[float], ema: float) -> np.ndarray:
+    """Bias-corrected exponential moving average (TensorBoard's smoothing): starts at the first value."""
+    out, acc, weight = [], 0.0, 0.0
+    for v in values:
+        acc = ema * acc + (1.0 - ema) * v
+        weight = ema * weight + (1.0 - ema)
+        out.append(acc / weight if weight > 0 else v)
+    return np.asarray(out)
+
+
+def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: str | os.PathLike,
+                ema: float = 0.9, title: str | None = None) -> list[str]:
+    """Raw (faint) and EMA-smoothed curves of ``keys`` against ``step`` from a metrics JSONL, one panel per
+    key, saved as a PNG (matplotlib's Agg canvas; no display, no global backend change). Returns the keys
+    drawn (those found in the file); raises ValueError when none is."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_jsonl(jsonl_path)
+    series = {}
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in records if isinstance(r.get(k), int | float) and "step" in r]
+        if pts:
+            series[k] = pts
+    if not series:
+        raise ValueError(f"none of {list(keys)} found in {jsonl_path}")
+    n = len(series)
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(4.5 * cols, 3.2 * rows), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, (k, pts) in enumerate(series.items()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        steps = np.asarray([p[0] for p in pts], np.float64)
+        vals = np.asarray([p[1] for p in pts], np.float64)
+        ax.plot(steps, vals, color="tab:blue", alpha=0.3, linewidth=1.0, label="raw")
+        ax.plot(steps, ema_curve(vals, ema), color="tab:blue", linewidth=2.0, label=f"EMA {ema:g}")
+        ax.set_title(k)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
+    fig.savefig(png_path, format="png")
+    return list(series)
