@@ -208,6 +208,11 @@ class PreemptionGuard:
         """This process received a stop signal (or ``request_stop`` was called)."""
         return self._event.is_set()
 
+    @property
+    def triggered(self) -> bool:
+        """Same as ``should_stop()`` (agreed across processes: evaluate it at the same point on all)."""
+        return self.should_stop()
+
     def request_stop(self) -> None:
         self._event.set()
 

@@ -127,35 +127,62 @@ class MetricWriter:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def write(self, step: int, metrics: Mapping[str, Any], *, console: bool | None = None) -> dict:
-        """Log one step's metrics (device arrays are fetched here). Returns the JSON-able values."""
+    def write(self, step: int, metrics: Mapping[str, Any], *, console: bool | None = None,
+              prefix_step: str | None = None) -> dict:
+        """Log one step's metrics (device arrays are fetched here). Returns the JSON-able values.
+
+        ``prefix_step="warmstart"`` logs on a separate step counter: the JSON line carries
+        ``"warmstart_step": step`` instead of ``"step"`` (so resume truncation and the RL curves ignore
+        it), the console line starts ``[warmstart step]``; TensorBoard uses ``step`` for those tags.
+        """
         values = {str(k): _to_python(v) for k, v in metrics.items()}
         values = {k: v for k, v in values.items() if v is not None or _is_number(metrics[k])}
         if not self.enabled:
             return values
         now = time.time()
-        self._file.write(json.dumps({"step": int(step), "time": now, **values}) + "\n")
+        step_key = "step" if prefix_step is None else f"{prefix_step}_step"
+        self._file.write(json.dumps({step_key: int(step), "time": now, **values}) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, float):
                     self._tb.add_scalar(k, v, global_step=int(step))
         if self.console if console is None else console:
-            print(self.progress_line(step, values, now), file=self.stream or sys.stdout, flush=True)
-        self._last_time = now
+            line = self.progress_line(step, values, now, label=prefix_step or "step",
+                                      total=None if prefix_step else self.total_steps)
+            print(line, file=self.stream or sys.stdout, flush=True)
+        if prefix_step is None:
+            self._last_time = now
         return values
 
-    def progress_line(self, step: int, values: Mapping[str, Any], now: float | None = None) -> str:
+    def truncate_after(self, step: int) -> int:
+        """Resume at ``step`` with an already open writer: drop JSONL lines with ``step > step`` and restart
+        the TensorBoard writer with ``purge_step = step + 1``. Returns the number of lines dropped."""
+        if not self.enabled:
+            return 0
+        self._file.close()
+        dropped = truncate_jsonl(self.jsonl_path, step)
+        self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
+        if self._tb is not None:
+            from tensorboardX import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(logdir=self.tb_dir, purge_step=int(step) + 1, flush_secs=10)
+        return dropped
+
+    def progress_line(self, step: int, values: Mapping[str, Any], now: float | None = None, *,
+                      label: str = "step", total: int | None = None) -> str:
         """``[step s/total] key=value ... | s/step and rates`` for the console."""
         now = time.time() if now is None else now
-        head = f"[step {step}" + (f"/{self.total_steps}" if self.total_steps else "") + "]"
+        total = self.total_steps if total is None and label == "step" else total
+        head = f"[{label} {step}" + (f"/{total}" if total else "") + "]"
         if self.console_keys is not None:
             keys = [k for k in self.console_keys if k in values]
         else:
-            keys = [k for k in values if "reward" in k] + [k for k in ("loss", "accuracy") if k in values]
+            keys = [k for k in values if "reward" in k or k.rsplit("/", 1)[-1] in ("loss", "accuracy")]
             keys = keys[:8]
         parts = [head] + [f"{k}={_fmt(values[k])}" for k in keys]
-        if self._last_time is not None:
+        if self._last_time is not None and label == "step":
             dt = max(now - self._last_time, 1e-9)
             rates = [f"{dt:.2f} s/step"]
             for k in self.rate_keys:

@@ -105,3 +105,24 @@ def test_ema_is_debiased():
     np.testing.assert_allclose(ema_curve([2.0, 2.0, 2.0], 0.9), [2.0, 2.0, 2.0])
     smoothed = ema_curve([0.0, 1.0], 0.5)
     assert smoothed[0] == 0.0 and math.isclose(smoothed[1], 0.5 / 0.75)
+
+
+def test_truncate_after_on_an_open_writer_and_warmstart_steps(tmp_path):
+    stream = io.StringIO()
+    with MetricWriter(tmp_path, enabled=True, stream=stream) as w:
+        for i in (0, 25, 50):
+            w.write(i, {"warmstart/main/loss": 3.0 - i / 50}, prefix_step="warmstart")
+        for step in range(1, 5):
+            w.write(step, {"main/reward": step / 4})
+    assert stream.getvalue().startswith("[warmstart 0] warmstart/main/loss=3.0000")
+    # The trainer opens its writer first, then restores step 2 and truncates.
+    with MetricWriter(tmp_path, enabled=True, console=False) as w:
+        assert w.truncate_after(2) == 2
+        w.write(3, {"main/reward": 0.0})
+    recs = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r.get("warmstart_step") for r in recs[:3]] == [0, 25, 50]  # warm-start lines survive
+    assert [r["step"] for r in recs[3:]] == [1, 2, 3] and recs[-1]["main/reward"] == 0.0
+    purges = [e.step for e in _read_events(tmp_path / "tb")
+              if e.WhichOneof("what") == "session_log" and e.session_log.status == 1]
+    assert purges == [3]
+    assert plot_curves(tmp_path / "metrics.jsonl", ["main/reward"], tmp_path / "r.png") == ["main/reward"]
