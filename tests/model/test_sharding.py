@@ -131,3 +131,24 @@ def test_two_agents_on_disjoint_device_subsets():
     out_sub = _forward(sub, tok, pos, mask)
     assert out_main.sharding.device_set == set(devs[:4])
     assert out_sub.sharding.device_set == set(devs[4:])
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen3-8b", "gemma-7b"])
+def test_paper_scale_forward_traces_abstractly_on_a_mesh(name):
+    """Shape-check the 8B-class configs end to end (abstract: nothing is allocated or compiled)."""
+    cfg = get_model_config(name)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    graphdef, state = abstract_model(cfg, mesh)
+    assert state["layers"]["gate"].sharding.spec == P(None, "fsdp", "tensor")
+    tok = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+
+    def fwd(state, tok):
+        model = nnx.merge(graphdef, state)
+        cache = model.init_cache(2, 32)
+        pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+        return model(tok, pos, cache=cache, cache_index=0)
+
+    logits, cache = jax.eval_shape(fwd, state, tok)
+    assert logits.shape == (2, 16, cfg.vocab_size) and logits.dtype == jnp.float32
+    assert cache["k"].shape == (cfg.n_layers, 2, cfg.n_kv_heads, 32, cfg.head_dim)
+    assert cache["k"].dtype == jnp.bfloat16
