@@ -271,15 +271,16 @@ def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Ca
 
             def body(acc, mb):
                 g, ls, dn, m = one(mb)
-                return jax.tree.map(jnp.add, acc, g), (ls, dn, m)
+                return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), acc, g), (ls, dn, m)
 
-            zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
-                                                     state_sharding.params)
+            # Accumulate in float32 whatever the parameter dtype (bf16 sums of many micro-batches drift).
+            zeros = jax.lax.with_sharding_constraint(
+                jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), state_sharding.params)
             grads, (ls, dn, stacked) = jax.lax.scan(body, zeros, mbs)
             loss_sum, denom = ls.sum(), dn.sum()
 
-        safe = jnp.where(denom > 0, denom, 1.0)
-        grads = jax.tree.map(lambda g: g / safe.astype(g.dtype), grads)
+        safe = jnp.where(denom > 0, denom, 1.0).astype(jnp.float32)
+        grads = jax.tree.map(lambda g, p: (g.astype(jnp.float32) / safe).astype(p.dtype), grads, params)
         grad_norm = optax.tree.norm(grads)
         ok = (denom > 0) & jnp.isfinite(grad_norm)
         updates, new_opt = optimizer.update(grads, state.opt_state, params)

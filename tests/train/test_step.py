@@ -106,3 +106,19 @@ def test_rows_must_divide_into_micro_batches_and_shards(agent1, mesh1, batch):
     step = make_policy_step(g, SGD, "grpo", {}, sharding, mesh1, micro_batches=3, donate=False)
     with pytest.raises(ValueError, match="micro_batches"):
         step(state, batch)
+
+
+def test_bfloat16_params_keep_their_dtype_and_compile_once(tiny_cfg, mesh1, batch_factory):
+    import dataclasses
+
+    from mgrpo_jax.train.optim import default_optim_config, make_optimizer
+
+    cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16", param_dtype="bfloat16")
+    optim = default_optim_config(lr=1e-3)
+    g, state, sharding = create_agent_state(cfg, optim, mesh1, seed=0)
+    step = make_policy_step(g, make_optimizer(optim), "grpo", {}, sharding, mesh1, micro_batches=2)
+    b = batch_factory(rows=8, length=12, seed=3)
+    for _ in range(2):
+        state, metrics = step(state, b)
+    assert step.trace_count == 1 and float(metrics["skipped"]) == 0
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {np.dtype("bfloat16")}
