@@ -1,0 +1,17 @@
+"""M-GRPO on the offline world, evaluated webwalker-style. Presets: smoke, local, figures, paper.
+
+Run (the preset after the colon, optionally a mode after a comma):
+
+    python launch/tpu_run.py --config=experiments/webwalker.py:local --workdir=runs/webwalker-local
+    python launch/tpu_run.py --config=experiments/webwalker.py:local,frozen_sub --workdir=runs/webwalker-frozen
+    python launch/tpu_run.py --config=experiments/webwalker.py:paper --workdir=gs://BUCKET/runs/webwalker
+
+With no argument the preset is `local` on a machine without accelerators and `paper` on a TPU.
+"""
+
+from mgrpo_jax.config import default_preset
+from mgrpo_jax.config import get_config as _get_config
+
+
+def get_config(arg: str | None = None):
+    return _get_config("webwalker", arg or default_preset())

@@ -1,0 +1,226 @@
+"""The run configuration: one ml_collections ConfigDict, presets by name.
+
+Experiment files (`experiments/xbench.py`, `gaia.py`, `webwalker.py`) call `get_config(benchmark, preset)`
+and are what users pass to `launch/tpu_run.py --config=experiments/xbench.py:local`. Presets:
+
+  smoke  the whole pipeline (warm start, RL steps of both agents, eval, checkpoint) in under a minute;
+         used by the tests.
+  local  runs on a laptop CPU: warm start plus RL on the offline world in at most ~10 minutes on 2 cores.
+  paper  the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models,
+         for a TPU pod slice.
+
+Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (see DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
+PRESETS = ("smoke", "local", "figures", "paper")
+BENCHMARKS = ("xbench", "gaia", "webwalker")
+
+
+def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_collections.ConfigDict:
+    agent = ml_collections.ConfigDict()
+    agent.model = model  # a preset of mgrpo_jax.model.config.get_model_config
+    agent.model_overrides = ml_collections.ConfigDict()
+    agent.init_from = ""  # a Hugging Face checkpoint directory (safetensors + config.json), optional
+    agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # -1: the rest
+    agent.context_tokens = context_tokens  # episode budget; also the train step's sequence length
+    agent.max_turns = max_turns
+    agent.micro_batches = 1
+    agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
+    agent.loss = "grpo"
+    agent.loss_hparams = ml_collections.ConfigDict(
+        {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "seq-mean-token-mean", "ratio_level": "token",
+         "kl_coef": 0.0})
+    agent.optim = ml_collections.ConfigDict(
+        {"lr": lr, "warmup_steps": 0, "decay": "constant", "total_steps": 0, "b1": 0.9, "b2": 0.98,
+         "weight_decay": 0.1, "grad_clip_norm": 1.0})
+    agent.sft = ml_collections.ConfigDict(
+        {"lr": 3e-3, "warmup_steps": 10, "decay": "cosine", "total_steps": 0, "b1": 0.9, "b2": 0.98,
+         "weight_decay": 0.0, "grad_clip_norm": 1.0})
+    return agent
+
+
+def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark={benchmark!r} is not one of {BENCHMARKS}")
+    c = ml_collections.ConfigDict()
+    c.preset = "local"
+    c.benchmark = benchmark
+    c.mode = "mgrpo"
+    c.seed = 0
+    c.stage = "stage1"  # which training split: stage1 (format + 1 hop) or stage2 (multi-hop, filtered)
+    c.init_checkpoint = ""  # a workdir whose latest checkpoint starts this run (stage 2 from stage 1)
+
+    c.env = ml_collections.ConfigDict()
+    c.env.seed = 0
+    c.env.n_entities = 2000
+    c.env.background_sentences = 26
+    c.env.snippet_chars = 300
+    c.env.search_top_k = 5
+    c.env.sizes = ml_collections.ConfigDict(
+        {"stage1": 2000, "stage2": 2000, "validation": 200, "eval_gaia": 165, "eval_xbench": 100,
+         "eval_webwalker": 680})
+    # Systematic expert noise (fractions of fact types / entities / question kinds the experts get wrong).
+    c.env.noise = ml_collections.ConfigDict()
+    c.env.stage2_max_success = 0.5  # stage-2 questions kept when the warm-started system solves <= this
+    c.env.search_url = ""  # a real search API (HttpSearchBackend); empty: the offline world's BM25
+    c.env.visit_url = ""
+    c.env.benchmark_path = ""  # real benchmark files for evaluation (see reference/benchmarks.md)
+
+    c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 2048})
+    # Pieces may span words, so the recurring prompt and protocol phrases compress to a few tokens.
+    c.tokenizer.trainer_kwargs = ml_collections.ConfigDict(
+        {"split_by_whitespace": False, "max_sentencepiece_length": 64})
+
+    c.main = _agent("tiny", context_tokens=1024, max_turns=8, lr=1e-4)
+    c.sub = _agent("tiny", context_tokens=1024, max_turns=6, lr=1e-4)
+    c.single = _agent("tiny", context_tokens=2048, max_turns=12, lr=1e-4)
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.queries = 8  # Q questions per step
+    c.rollout.samples = 8  # K rollouts per question
+    c.rollout.d_max = 8  # D aligned sub-trajectory slots per rollout
+    c.rollout.align_mode = "duplicate"  # or "mask"
+    c.rollout.max_turn_tokens = 128
+    c.rollout.max_sub_calls = 16
+    c.rollout.temperature = 1.0
+    c.rollout.unsync_chunk = 64  # mgrpo_unsync: sub-trajectories per FIFO pop
+
+    c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
+    c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
+
+    c.warmstart = ml_collections.ConfigDict()
+    c.warmstart.steps = 200  # supervised steps per agent on the scripted experts' transcripts (0: skip)
+    c.warmstart.batch_size = 16
+    c.warmstart.examples = 512  # demonstration episodes per agent
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 50  # RL steps
+    c.train.eval_every = 10
+    c.train.eval_runs = 3  # avg@3
+    c.train.eval_questions = 30  # per evaluation set (0: the whole set)
+    c.train.checkpoint_every = 10
+    c.train.log_transcripts = 2
+
+    c.store = "memory://mgrpo"  # memory:// | file:///path | gs://bucket/prefix
+    return c
+
+
+def get_config(benchmark: str = "xbench", preset: str | None = None) -> ml_collections.ConfigDict:
+    """`preset` may carry a mode after a comma, e.g. "local,frozen_sub"."""
+    preset = preset or "local"
+    name, _, mode = preset.partition(",")
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets are {PRESETS}")
+    c = base_config(benchmark)
+    c.preset = name
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
+        c.mode = mode
+    {"smoke": _smoke, "local": _local, "figures": _figures, "paper": _paper}[name](c)
+    return c
+
+
+def _small_world(c, entities: int) -> None:
+    c.env.n_entities = entities
+    c.env.background_sentences = 2
+    c.env.snippet_chars = 120
+    c.env.search_top_k = 3
+    c.env.sizes = ml_collections.ConfigDict(
+        {"stage1": 400, "stage2": 400, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})
+
+
+def _smoke(c) -> None:
+    _small_world(c, 300)
+    c.tokenizer.vocab_size = 1024
+    for agent in (c.main, c.sub, c.single):
+        agent.model_overrides = ml_collections.ConfigDict({"d_model": 32, "n_layers": 1, "mlp_dim": 64,
+                                                          "n_heads": 2, "n_kv_heads": 1, "head_dim": 16})
+        agent.context_tokens = 1024
+        agent.max_turns = 3
+    c.single.context_tokens = 1024
+    c.rollout.queries = 2
+    c.rollout.samples = 2
+    c.rollout.d_max = 2
+    c.rollout.max_turn_tokens = 48
+    c.rollout.max_sub_calls = 2
+    c.rollout.unsync_chunk = 4
+    c.warmstart.steps = 3
+    c.warmstart.batch_size = 4
+    c.warmstart.examples = 8
+    c.train.steps = 2
+    c.train.eval_every = 2
+    c.train.eval_runs = 1
+    c.train.eval_questions = 2
+    c.train.checkpoint_every = 1
+
+
+def _local(c) -> None:
+    _small_world(c, 1000)
+    c.tokenizer.vocab_size = 2048
+    c.main.context_tokens = 768
+    c.sub.context_tokens = 1152
+    c.main.max_turns = 4
+    c.sub.max_turns = 4
+    c.single.context_tokens = 2048
+    c.single.max_turns = 8
+    for agent in (c.main, c.sub, c.single):
+        agent.optim.lr = 3e-4
+        agent.passes = 1
+    c.rollout.queries = 4
+    c.rollout.samples = 4
+    c.rollout.d_max = 2
+    c.rollout.max_turn_tokens = 96
+    c.rollout.max_sub_calls = 3
+    c.rollout.unsync_chunk = 16
+    c.warmstart.steps = 120
+    c.warmstart.batch_size = 8
+    c.warmstart.examples = 400
+    c.train.steps = 16
+    c.train.eval_every = 8
+    c.train.eval_runs = 1
+    c.train.eval_questions = 8
+    c.train.checkpoint_every = 8
+
+
+def _figures(c) -> None:
+    _local(c)
+
+
+def _paper(c) -> None:
+    c.env.n_entities = 10_000
+    c.tokenizer.vocab_size = 32_000
+    for agent in (c.main, c.sub, c.single):
+        agent.model = "qwen3-8b"
+        agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 4})
+        agent.micro_batches = 8
+        agent.optim.lr = 1e-6
+        agent.optim.weight_decay = 0.1
+        agent.model_overrides = ml_collections.ConfigDict({"remat": True, "dtype": "bfloat16"})
+    c.main.context_tokens = 32_768
+    c.sub.context_tokens = 32_768
+    c.single.context_tokens = 32_768
+    c.main.max_turns = c.sub.max_turns = 20
+    c.single.max_turns = 40
+    c.rollout.queries = 2  # the released scripts' rollout batch (2 prompts x 8 samples)
+    c.rollout.samples = 8
+    c.rollout.d_max = 8
+    c.rollout.max_turn_tokens = 1024
+    c.warmstart.steps = 0
+    c.train.steps = 100_000
+    c.train.eval_every = 25
+    c.train.eval_runs = 3
+    c.train.eval_questions = 0
+    c.train.checkpoint_every = 25
+
+
+def default_preset() -> str:
+    """`local` on a machine without accelerators, `paper` on TPU."""
+    import jax
+
+    return "paper" if jax.default_backend() == "tpu" else "local"

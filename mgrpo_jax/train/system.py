@@ -1,0 +1,202 @@
+"""Assembles a run from its config: the environment, the tokenizer, each agent (model, mesh, train state,
+sampler) and the rollout engine. The trainer and the notebooks start here."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+
+from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
+from mgrpo_jax.env.experts import NoiseConfig
+from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB, system_prompt
+from mgrpo_jax.env.protocol import ToolCall
+from mgrpo_jax.env.questions import QuestionSetSizes
+from mgrpo_jax.env.tools import (
+    HttpSearchBackend,
+    WorldBackend,
+    main_agent_toolbox,
+    single_agent_toolbox,
+    sub_agent_toolbox,
+)
+from mgrpo_jax.env.world import WorldConfig
+from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
+from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
+from mgrpo_jax.sampling import Sampler
+from mgrpo_jax.tokenizer import Tokenizer
+from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_params, model_from_state
+
+log = logging.getLogger(__name__)
+
+
+def build_environment(config: ml_collections.ConfigDict) -> OfflineEnvironment:
+    env_cfg = config.env
+    world = WorldConfig(n_entities=env_cfg.n_entities, background_sentences=env_cfg.background_sentences)
+    sizes = QuestionSetSizes(**env_cfg.sizes.to_dict())
+    env = build_offline_environment(env_cfg.seed, env_cfg.n_entities, sizes, world)
+    backend = WorldBackend(env.world, snippet_chars=env_cfg.snippet_chars)
+    return dataclasses.replace(env, backend=backend)
+
+
+def web_backend(config, env: OfflineEnvironment):
+    """The offline world's BM25 backend, or a real search/visit service when the config names one."""
+    if config.env.search_url:
+        return HttpSearchBackend(config.env.search_url, config.env.visit_url or None)
+    return env.backend
+
+
+def noise_config(config) -> NoiseConfig:
+    return NoiseConfig(**{"seed": config.env.seed, **config.env.noise.to_dict()})
+
+
+def tokenizer_corpus(env: OfflineEnvironment, config, limit_questions: int = 200) -> list[str]:
+    """Page texts, prompts and expert transcripts: everything the agents will read or write."""
+    texts = [page.text for page in env.world.pages.values()]
+    experts = env.experts(noise_config(config))
+    # Every episode starts with its agent's system prompt, so it is as frequent as the episodes themselves;
+    # weighting it so lets BPE merge it into a few dozen tokens instead of hundreds.
+    for agent, tools in ((MAIN, main_agent_toolbox()), (SUB, sub_agent_toolbox(env.backend)),
+                         (SINGLE, single_agent_toolbox(env.backend))):
+        texts.extend([system_prompt(agent, tools.specs)] * limit_questions)
+    half = limit_questions // 2
+    for question in list(env.questions.stage1[:half]) + list(env.questions.stage2[:half]):
+        for transcript in (experts.main_agent(question), experts.single_agent(question)):
+            for episode in (transcript.top, *transcript.subs):
+                texts.extend(message.text for message in episode.messages)
+    return texts
+
+
+def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tokenizer:
+    """The configured `.model`, else the one saved in the workdir, else a new one trained on the world."""
+    if config.tokenizer.path:
+        return Tokenizer.load(config.tokenizer.path)
+    path = os.path.join(workdir, "tokenizer.model") if workdir else None
+    if path and os.path.exists(path):
+        return Tokenizer.load(path)
+    tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
+                                **config.tokenizer.trainer_kwargs.to_dict())
+    if path and jax.process_index() == 0:
+        os.makedirs(workdir, exist_ok=True)
+        tokenizer.save(path)
+    return tokenizer
+
+
+def agent_devices(names: Sequence[str]) -> dict[str, list]:
+    """Disjoint device subsets per agent when there are enough devices (colocated mode), else shared."""
+    devices = jax.devices()
+    if len(names) > 1 and len(devices) >= len(names) and len(devices) % len(names) == 0:
+        share = len(devices) // len(names)
+        return {name: devices[i * share:(i + 1) * share] for i, name in enumerate(names)}
+    return {name: devices for name in names}
+
+
+@dataclasses.dataclass
+class Agent:
+    """One agent's model, mesh, train state and sampler. `state` is donated by every train step, so the
+    sampler is re-pointed at the new parameters after each update (`Agent.publish`)."""
+
+    name: str
+    config: ml_collections.ConfigDict
+    model_config: object
+    mesh: object
+    graphdef: object
+    state: object
+    sharding: object
+    sampler: Sampler
+    trainable: bool = True
+
+    def publish(self) -> None:
+        self.sampler.update_weights(self.state.params)
+
+    def reset_optimizer(self, optim_cfg) -> None:
+        """Keep the parameters, start a fresh optimizer (warm start -> RL)."""
+        self.graphdef, self.state, self.sharding = create_agent_state_from_params(
+            self.model_config, self.state.params, optim_cfg, self.mesh, DEFAULT_RULES)
+        self.publish()
+
+
+def build_agent(name: str, agent_cfg, tokenizer: Tokenizer, devices, seed: int, optim_cfg=None) -> Agent:
+    overrides = dict(agent_cfg.model_overrides.to_dict())
+    overrides.setdefault("vocab_size", tokenizer.vocab_size)
+    model_config = get_model_config(agent_cfg.model, **overrides)
+    if model_config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"{name}: model vocab {model_config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+    mesh = make_mesh(agent_cfg.mesh.to_dict(), devices)
+    graphdef, state, sharding = create_agent_state(model_config, optim_cfg or agent_cfg.optim, mesh, DEFAULT_RULES,
+                                                   seed=seed)
+    sampler = Sampler(model_from_state(graphdef, state), pad_id=tokenizer.pad_id)
+    log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.model, model_config.num_params() / 1e6,
+             dict(mesh.shape))
+    return Agent(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler)
+
+
+def agent_names(mode: str) -> tuple[str, ...]:
+    return (SINGLE,) if mode == "single_agent" else (MAIN, SUB)
+
+
+def batch_rows(config, name: str) -> list[int]:
+    """Rows per micro-batch of every batch the agent's train steps see; each must split over its data axes."""
+    rollout = config.rollout
+    rl_rows = rollout.queries * rollout.samples
+    if name == SUB:
+        rl_rows = rollout.unsync_chunk if config.mode == "mgrpo_unsync" else rl_rows * rollout.d_max
+    micro = config[name].micro_batches
+    for rows in (config.warmstart.batch_size, rl_rows):
+        if rows % micro:
+            raise ValueError(f"{name}: a batch of {rows} rows does not split into micro_batches={micro}")
+    return [config.warmstart.batch_size // micro, rl_rows // micro]
+
+
+def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list:
+    """The largest prefix of `devices` whose data-parallel size divides every batch's row count."""
+    for n in range(len(devices), 0, -1):
+        if n % fixed_axes == 0 and all(r % (n // fixed_axes) == 0 for r in rows):
+            if n < len(devices):
+                log.warning("using %d of %d devices: batches of %s rows do not split over more", n, len(devices),
+                            sorted(set(rows)))
+            return devices[:n]
+    raise ValueError(f"no device count divides batches of {rows} rows with fixed mesh axes of size {fixed_axes}")
+
+
+def build_agents(config, tokenizer: Tokenizer) -> dict[str, Agent]:
+    names = agent_names(config.mode)
+    devices = agent_devices(names)
+    agents = {}
+    for offset, name in enumerate(names):
+        agent_cfg = config[name]
+        fixed = 1
+        for size in agent_cfg.mesh.to_dict().values():
+            fixed *= size if size > 0 else 1
+        usable = fit_devices(devices[name], batch_rows(config, name), fixed)
+        agents[name] = build_agent(name, agent_cfg, tokenizer, usable, config.seed * 100 + offset)
+    if config.mode == "frozen_sub":
+        agents[SUB].trainable = False
+    return agents
+
+
+def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment, agents: dict[str, Agent]) -> RolloutEngine:
+    backend = web_backend(config, env)
+    top_k = config.env.search_top_k
+    limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,
+                           temperature=config.rollout.temperature)
+
+    def runtime(name, toolbox, can_delegate):
+        agent_cfg = config[name]
+        tools = {tool: functools.partial(_execute, toolbox, tool) for tool in toolbox.names if tool != DELEGATE}
+        return AgentRuntime(name, agents[name].sampler, system_prompt(name, toolbox.specs), tools,
+                            can_delegate=can_delegate, max_turns=agent_cfg.max_turns,
+                            context_tokens=agent_cfg.context_tokens)
+
+    if SINGLE in agents:
+        return RolloutEngine(tokenizer, runtime(SINGLE, single_agent_toolbox(backend, top_k), False), None, limits)
+    return RolloutEngine(tokenizer, runtime(MAIN, main_agent_toolbox(), True),
+                         runtime(SUB, sub_agent_toolbox(backend, top_k), False), limits)
+
+
+def _execute(toolbox, name: str, arguments) -> str:
+    return toolbox.execute(ToolCall(name, arguments))

@@ -1,0 +1,347 @@
+"""The M-GRPO trainer: warm start, then RL steps of the whole system, with evaluation, checkpoints and logs.
+
+    trainer = Trainer(config, workdir)
+    trainer.run()          # resumes from the workdir's latest checkpoint if there is one
+
+One RL step (DESIGN.md section 3): Q questions -> Q*K whole-system rollouts through the rollout engine ->
+main rewards and advantages -> the main agent's rewards go to the shared store -> the sub-agent side reads
+them back, computes R_S, aligns its sub-trajectories to D slots per rollout and computes pooled advantages
+-> each agent's jitted train step on its own mesh -> new weights to the samplers -> metrics.
+
+Modes: `mgrpo` (both train), `frozen_sub` (main trains, sub frozen), `single_agent` (one agent with the
+sub-agent's tools and `reason`), `mgrpo_unsync` (the sub-agent trains from a FIFO of sub-trajectories popped
+in fixed chunks and grouped without regard to query, as the authors' released code does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import zlib
+
+import jax
+import numpy as np
+
+from mgrpo_jax.core import align, d_histogram, degenerate_groups, group_advantages, main_advantages, sub_advantages
+from mgrpo_jax.env.pipeline import question_iterator
+from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
+from mgrpo_jax.env.scoring import world_answer_correct
+from mgrpo_jax.rollout import batches, rewards
+from mgrpo_jax.store import open_store
+from mgrpo_jax.train import system
+from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard
+from mgrpo_jax.train.metrics import MetricWriter, plot_curves
+from mgrpo_jax.train.optim import make_optimizer
+from mgrpo_jax.train.step import make_policy_step, make_sft_step
+
+log = logging.getLogger(__name__)
+
+TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights")
+SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
+EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker")
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+class Trainer:
+    def __init__(self, config, workdir: str):
+        self.config = config
+        self.workdir = workdir
+        self.is_main_process = jax.process_index() == 0
+        self.top_name = SINGLE if config.mode == "single_agent" else MAIN
+        os.makedirs(workdir, exist_ok=True)
+        start = time.perf_counter()
+        self.env = system.build_environment(config)
+        self.tokenizer = system.build_tokenizer(config, self.env, workdir)
+        self.agents = system.build_agents(config, self.tokenizer)
+        self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
+        self.store = open_store(config.store)
+        self.writer = MetricWriter(workdir, enabled=self.is_main_process, total_steps=config.train.steps,
+                                   console_keys=(f"{self.top_name}/reward", f"{self.top_name}/correct",
+                                                 "sub/reward", "time/step_s"))
+        self.checkpointer = Checkpointer(workdir, save_every=config.train.checkpoint_every)
+        self.questions = self._training_questions()
+        self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
+        self.step = 0
+        self.warm_started = config.warmstart.steps == 0
+        self._policy_steps: dict = {}
+        self._fifo = self.store.fifo("sub_trajectories") if config.mode == "mgrpo_unsync" else None
+        self._fifo_consumer = self._fifo.consumer("sub_trainer") if self._fifo else None
+        log.info("built %s run (%s preset, mode %s) in %.1f s", config.benchmark, config.preset, config.mode,
+                 time.perf_counter() - start)
+
+    # -- data -------------------------------------------------------------------------------------------
+
+    def _training_questions(self):
+        split = self.config.stage
+        return list(self.env.questions.split(split))
+
+    def _top_tools(self):
+        return self.engine.top.tool_names
+
+    def _sub_tools(self):
+        return self.engine.sub.tool_names if self.engine.sub else None
+
+    # -- warm start -------------------------------------------------------------------------------------
+
+    def demonstrations(self, agent: str, count: int, seed: int):
+        """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions."""
+        experts = self.env.experts(system.noise_config(self.config))
+        pool = list(self.env.questions.stage1) + list(self.env.questions.stage2)
+        order = np.random.default_rng(seed).permutation(len(pool))
+        examples = []
+        for i in order:
+            question = pool[int(i)]
+            if agent == SINGLE:
+                episodes = [experts.single_agent(question).top]
+            else:
+                transcript = experts.main_agent(question)
+                episodes = [transcript.top] if agent == MAIN else list(transcript.subs)
+            for episode in episodes:
+                examples.append(self.tokenizer.render_chat(episode.as_chat()))
+            if len(examples) >= count:
+                break
+        return examples[:count]
+
+    def warm_start(self) -> None:
+        """Supervised cloning of the scripted experts' transcripts, then a fresh RL optimizer per agent."""
+        cfg = self.config.warmstart
+        for name, agent in self.agents.items():
+            start = time.perf_counter()
+            examples = self.demonstrations(name, cfg.examples, _seed(self.config.seed, "demos", name))
+            seq_len = agent.config.context_tokens
+            agent.reset_optimizer(agent.config.sft)
+            sft = make_sft_step(agent.graphdef, make_optimizer(agent.config.sft), agent.sharding, agent.mesh)
+            rng = np.random.default_rng(_seed(self.config.seed, "sft", name))
+            losses = []
+            for i in range(cfg.steps):
+                rows = [examples[j] for j in rng.choice(len(examples), cfg.batch_size, replace=False)]
+                batch = batches.sft_rows(rows, seq_len, self.tokenizer.pad_id)
+                agent.state, metrics = sft(agent.state, {k: batch[k] for k in SFT_KEYS})
+                losses.append(float(metrics["loss"]))
+                if i % 25 == 0 or i == cfg.steps - 1:
+                    self.writer.write(i, {f"warmstart/{name}/loss": losses[-1]}, prefix_step="warmstart")
+            agent.reset_optimizer(agent.config.optim)
+            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, cfg.steps, losses[0] if losses
+                     else float("nan"), losses[-1] if losses else float("nan"), time.perf_counter() - start)
+        self.warm_started = True
+
+    # -- one RL step ------------------------------------------------------------------------------------
+
+    def _policy_step(self, agent):
+        if agent.name not in self._policy_steps:
+            self._policy_steps[agent.name] = make_policy_step(
+                agent.graphdef, make_optimizer(agent.config.optim), agent.config.loss, dict(agent.config.loss_hparams),
+                agent.sharding, agent.mesh, micro_batches=agent.config.micro_batches)
+        return self._policy_steps[agent.name]
+
+    def _train(self, agent, batch: dict) -> dict:
+        step = self._policy_step(agent)
+        train_batch = {k: batch[k] for k in TRAIN_KEYS}
+        metrics = {}
+        for _ in range(agent.config.passes):
+            agent.state, metrics = step(agent.state, train_batch)
+        agent.publish()
+        return {f"{agent.name}/train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+
+    def rl_step(self) -> dict:
+        cfg = self.config
+        timings = {}
+        t0 = time.perf_counter()
+        questions = next(self.iterator)
+        rollout = self.engine.run(questions, cfg.rollout.samples, seed=_seed(cfg.seed, "rollout", self.step))
+        timings.update(rollout.timings)
+        t1 = time.perf_counter()
+
+        inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, self._top_tools(),
+                                       self._sub_tools())
+        main_r = rewards.main_rewards(inputs, tuple(cfg.rewards.alpha))
+        adv_kw = dict(scale=cfg.advantages.scale, baseline=cfg.advantages.baseline, eps=cfg.advantages.eps)
+        main_adv = np.asarray(main_advantages(main_r, **adv_kw))
+        metrics = {
+            f"{self.top_name}/reward": float(main_r.mean()),
+            f"{self.top_name}/correct": float(inputs.correct.mean()),
+            f"{self.top_name}/format_ok": float(inputs.format_ok.mean()),
+            f"{self.top_name}/zero_std_groups": float(np.sum(degenerate_groups(main_r, np.ones_like(main_r)))),
+        }
+        metrics.update(rollout.stats())
+        top_agent = self.agents[self.top_name]
+        top_rows = batches.top_batch(rollout.top, main_adv, top_agent.config.context_tokens, self.tokenizer.pad_id)
+
+        sub_rows = None
+        if SUB in self.agents:
+            # The main side publishes its rewards; the sub side reads them back (the decoupled data path).
+            writer = self.store.step_writer(self.step, MAIN, int(top_agent.state.step))
+            writer.put_array("main_correct", inputs.correct)
+            writer.put_array("main_reward", main_r)
+            writer.put_array("sub_counts", rollout.sub_counts())
+            writer.commit()
+            view = self.store.wait_step(self.step, MAIN, timeout_s=60)
+            main_correct = view.array("main_correct")
+            counts = view.array("sub_counts")
+            metrics.update(self._sub_side(rollout, inputs, main_correct, counts, adv_kw, metrics))
+            sub_rows = metrics.pop("_sub_rows", None)
+        timings["rewards_s"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        metrics.update(self._train(top_agent, top_rows))
+        sub_agent = self.agents.get(SUB)
+        if sub_rows is not None and sub_agent is not None and sub_agent.trainable:
+            metrics.update(self._train(sub_agent, sub_rows))
+        timings["training_s"] = time.perf_counter() - t2
+        timings["step_s"] = time.perf_counter() - t0
+        timings["other_s"] = timings["step_s"] - sum(timings[k] for k in ("sampling_s", "tools_s", "rewards_s",
+                                                                          "training_s"))
+        metrics.update({f"time/{k}": v for k, v in timings.items()})
+        episodes = sum(1 for _ in rollout.episodes())
+        metrics["throughput/episodes_per_s"] = episodes / timings["step_s"]
+        metrics["throughput/generated_tokens_per_s"] = sum(e.generated_tokens for e in rollout.episodes()) / timings[
+            "step_s"]
+        self.store.gc(keep_last=4)
+        return metrics
+
+    def _sub_side(self, rollout, inputs, main_correct, counts, adv_kw, metrics) -> dict:
+        cfg = self.config
+        d = cfg.rollout.d_max
+        out = {}
+        hist = d_histogram(counts, max_bin=max(d * 2, 1))
+        out.update({f"d_k/hist/{i}": int(c) for i, c in enumerate(hist)})
+        if counts.max() == 0:
+            out["sub/reward"] = 0.0
+            return out
+        index, weight = align(counts, d, jax.random.key(_seed(cfg.seed, "align", self.step)),
+                              mode=cfg.rollout.align_mode)
+        index, weight = np.asarray(index), np.asarray(weight)
+        sub_r = rewards.aligned_sub_rewards(inputs, main_correct, index, weight, tuple(cfg.rewards.beta))
+        valid = weight > 0
+        out["sub/reward"] = float(sub_r[valid].mean()) if valid.any() else 0.0
+        out["sub/expert"] = float(np.mean([x for q in inputs.sub_expert for k in q for x in k] or [0.0]))
+        out["sub/format_ok"] = float(np.mean([x for q in inputs.sub_format_ok for k in q for x in k] or [0.0]))
+        seq_len = self.agents[SUB].config.context_tokens
+        if cfg.mode == "mgrpo_unsync":
+            out["_sub_rows"] = self._unsync_rows(rollout, index, weight, sub_r, seq_len, adv_kw, out)
+            return out
+        sub_adv = np.asarray(sub_advantages(sub_r, weight, **adv_kw))
+        out["sub/zero_std_groups"] = float(np.asarray(degenerate_groups(
+            sub_r.reshape(sub_r.shape[0], -1), weight.reshape(weight.shape[0], -1))).sum())
+        out["_sub_rows"] = batches.sub_batch(rollout.top, index, weight, sub_adv, seq_len, self.tokenizer.pad_id)
+        return out
+
+    def _unsync_rows(self, rollout, index, weight, sub_r, seq_len, adv_kw, out):
+        """mgrpo_unsync: push this step's real sub-trajectories to the FIFO, train on the oldest chunk."""
+        from mgrpo_jax.store import Record
+
+        version = int(self.agents[SUB].state.step)
+        records = []
+        for qi, row in enumerate(rollout.top):
+            for ki, episode in enumerate(row):
+                for j in range(index.shape[2]):
+                    if weight[qi, ki, j] > 0 and j < len(episode.subs) and index[qi, ki, j] == j:
+                        sub = episode.subs[j]
+                        records.append(Record("sub_trajectory", self.step, qi, ki, j, version, {
+                            "tokens": sub.tokens, "loss_mask": sub.loss_mask, "old_logprobs": sub.logprobs,
+                            "reward": float(sub_r[qi, ki, j])}))
+        self._fifo.append(records)
+        chunk = self.config.rollout.unsync_chunk
+        if self._fifo_consumer.offset + chunk > self._fifo.size():
+            return None
+        popped = self._fifo_consumer.pop(chunk, timeout_s=5)
+        group = self.config.rollout.samples
+        rewards_chunk = np.asarray([r.payload["reward"] for r in popped], np.float32)
+        usable = (len(popped) // group) * group
+        adv = np.zeros(len(popped), np.float32)
+        adv[:usable] = np.asarray(group_advantages(rewards_chunk[:usable].reshape(-1, group),
+                                                   np.ones((usable // group, group), np.float32), **adv_kw)).reshape(-1)
+        out["sub/staleness"] = float(np.mean([version - r.policy_version for r in popped]))
+        examples = [(r.payload["tokens"], r.payload["loss_mask"]) for r in popped]
+        rows = batches.sft_rows(examples, seq_len, self.tokenizer.pad_id)
+        rows["old_logprobs"] = np.zeros_like(rows["loss_mask"])
+        for i, r in enumerate(popped):
+            n = min(len(r.payload["old_logprobs"]), seq_len)
+            rows["old_logprobs"][i, :n] = r.payload["old_logprobs"][:n]
+        rows["advantages"] = adv
+        return rows
+
+    # -- evaluation -------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """avg@runs accuracy on the three held-out sets (sampled at the rollout temperature)."""
+        cfg = self.config.train
+        out = {}
+        for name in EVAL_SETS:
+            questions = list(self.env.questions.split(name))
+            if cfg.eval_questions:
+                questions = questions[: cfg.eval_questions]
+            result = self.engine.run(questions, cfg.eval_runs, seed=_seed(self.config.seed, "eval", self.step, name))
+            correct = [
+                float(e.answer is not None and world_answer_correct(e.answer, questions[e.question_index].answer))
+                for e in (ep for row in result.top for ep in row)
+            ]
+            out[f"eval/{name}/accuracy"] = float(np.mean(correct))
+        return out
+
+    # -- state ------------------------------------------------------------------------------------------
+
+    def host_state(self) -> dict:
+        return {"step": self.step, "iterator": self.iterator.get_state(), "warm_started": self.warm_started,
+                "fifo_offset": self._fifo_consumer.offset if self._fifo_consumer else 0}
+
+    def save(self, force: bool = False) -> None:
+        states = {name: agent.state for name, agent in self.agents.items()}
+        self.checkpointer.save(self.step, states, self.host_state(), force=force)
+
+    def restore(self) -> bool:
+        if self.checkpointer.latest_step() is None:
+            return False
+        targets = {name: agent.sharding for name, agent in self.agents.items()}
+        abstract = {name: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                       agent.state, targets[name]) for name, agent in self.agents.items()}
+        states, host = self.checkpointer.restore(abstract)
+        for name, agent in self.agents.items():
+            agent.state = states[name]
+            agent.publish()
+        self.step = int(host["step"])
+        self.iterator.set_state(host["iterator"])
+        self.warm_started = bool(host["warm_started"])
+        if self._fifo_consumer is not None:
+            self._fifo_consumer.seek(int(host.get("fifo_offset", 0)))
+        self.writer.truncate_after(self.step)
+        log.info("resumed from step %d", self.step)
+        return True
+
+    # -- the run ----------------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg = self.config
+        summary = {}
+        with PreemptionGuard() as guard:
+            resumed = self.restore()
+            if not resumed and not self.warm_started:
+                self.warm_start()
+                self.save(force=True)
+            while self.step < cfg.train.steps:
+                metrics = self.rl_step()
+                self.step += 1
+                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
+                    metrics.update(self.evaluate())
+                self.writer.write(self.step, metrics)
+                summary = metrics
+                log.info("step %d | %s reward %.3f correct %.2f | %.1f s", self.step, self.top_name,
+                         metrics[f"{self.top_name}/reward"], metrics[f"{self.top_name}/correct"],
+                         metrics["time/step_s"])
+                stop = guard.should_stop()
+                self.save(force=stop or self.step == cfg.train.steps)
+                if stop:
+                    log.warning("preempted at step %d: checkpoint written, exiting", self.step)
+                    break
+        self.checkpointer.wait()
+        if self.is_main_process:
+            plot_curves(self.writer.jsonl_path, [f"{self.top_name}/reward", "sub/reward"],
+                        os.path.join(self.workdir, "rewards.png"))
+            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=1, sort_keys=True)
+        return summary
