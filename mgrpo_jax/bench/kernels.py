@@ -6,11 +6,32 @@ The kernels are elementwise/reduction work over [rows, T] arrays, so they should
 figure of merit is the achieved bandwidth (bytes of the token arrays read plus the gradients written,
 divided by time), compared with this machine's copy bandwidth measured in the same run (a jitted copy
 of an array of the same size, read + write bytes). Last line: one JSON object.
+
+Two things about XLA:CPU (jaxlib 0.10) decide the figure, both measured here rather than assumed:
+
+* Fresh pages. glibc serves every block over 32 MiB with its own mmap and unmaps it on free, so each
+  [4096, 2048] f32 temporary XLA allocates costs first-touch page faults on every call (~1 GB/s, far
+  below memory bandwidth). A long-running trainer wants freed blocks reused; `reuse_freed_memory()`
+  tells glibc to keep them (mallopt, process-wide; it only takes effect when set before the big
+  allocations, so `main` sets it first). Then `kernel_gb_per_s` is comparable with the copy baselines,
+  which also write into already-mapped memory. `--default_malloc` leaves glibc alone, for comparison.
+* Reductions do not fuse their elementwise producers on XLA:CPU (the YNNPACK reduce fusion only
+  takes a few op kinds; the native emitter splits reductions into unfused reduce-windows), so the
+  loss's forward materialises [rows, T] temporaries (the ratio and the clipped surrogate):
+  `hlo_row_by_t_buffers` counts them in the optimised HLO (at the sub-agent shape). Measured and
+  rejected: a custom_vjp recomputing the ratio in the backward, select-free clip formulations and
+  `--xla_cpu_experimental_ynn_fusion_type=` (YNNPACK off) each kept >= 2 temporaries and were slower
+  (a copy of the donated log-probs, or materialised broadcasts), so core/losses.py keeps plain autodiff.
+  `XLA_FLAGS` set by the caller are honoured and reported.
 """
 
 import argparse
+import ctypes
+import os
 import platform
+import re
 import statistics
+import sys
 import time
 
 import jax
@@ -72,6 +93,22 @@ def pipeline(batch, main_logprobs, sub_logprobs, key, d_max: int, loss_name: str
     return main, sub
 
 
+def reuse_freed_memory() -> bool:
+    """Ask glibc to keep freed memory mapped (no mmap for big blocks, no trimming); False if not glibc."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 40))
+
+
+def row_by_t_buffers(compiled_text: str, rows: int, t: int) -> int:
+    """How many [rows, t] arrays the optimised HLO's entry computation writes (outputs included)."""
+    entry = compiled_text[compiled_text.index("ENTRY"):]
+    shape = re.compile(rf"= f32\[{rows},{t}\]")
+    return sum(1 for line in entry.splitlines() if shape.search(line) and "parameter(" not in line)
+
+
 def _time_donated(fn, make_args, repeats: int) -> dict[str, float]:
     """Like `time_call`, for a function that donates its argument: fresh arguments are built untimed."""
     samples = []
@@ -91,25 +128,34 @@ def main(argv=None) -> dict:
     parser.add_argument("--d_max", type=int, default=8)
     parser.add_argument("--seq_len", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--default_malloc", action="store_true",
+                        help="keep glibc's default of unmapping big freed blocks (page faults on every call)")
     args = parser.parse_args(argv)
+    reused = False if args.default_malloc else reuse_freed_memory()
     q, k, d, t = args.queries, args.rollouts, args.d_max, args.seq_len
 
     host = make_inputs(q, k, d, t)
     batch = {name: jnp.asarray(value) for name, value in host.items()}
     key = jax.random.key(0)
     # The log-prob buffers are donated and the gradients written in place, as a train step donates its
-    # batch: without it every call maps ~38 MB of fresh output pages, and first-touch page faults (not
-    # the kernels) dominate the time on a CPU.
+    # batch (otherwise every call also maps ~38 MB of fresh output pages).
     step = jax.jit(pipeline, static_argnames=("d_max", "loss_name"), donate_argnums=(1, 2))
     fresh = lambda: (jnp.array(batch["main_logprobs"]), jnp.array(batch["sub_logprobs"]))  # noqa: E731
-    kernel = _time_donated(lambda lp: step(batch, *lp, key, d_max=d), fresh, args.repeats)
+    run_step = lambda lp: step(batch, *lp, key, d_max=d)  # noqa: E731
+    compiled = step.lower(batch, batch["main_logprobs"], batch["sub_logprobs"], key, d_max=d).compile()
+    temporaries = row_by_t_buffers(compiled.as_text(), q * k * d, t) - 1  # minus the gradient output
+
+    kernel = _time_donated(run_step, fresh, args.repeats)
     fresh_alloc = jax.jit(pipeline, static_argnames=("d_max", "loss_name"))
     kernel_fresh = time_call(
         lambda: fresh_alloc(batch, batch["main_logprobs"], batch["sub_logprobs"], key, d_max=d),
         repeats=args.repeats,
     )
 
-    token_bytes = sum(host[name].nbytes for name in host if name.startswith(("main_", "sub_")))
+    # Bytes the kernels must move at least: log-probs, old log-probs and mask of both agents read once,
+    # and both gradients written once. (Rewards/advantages/alignment arrays are O(Q*K*D), negligible.)
+    token_bytes = sum(host[f"{agent}_{name}"].nbytes
+                      for agent in ("main", "sub") for name in ("logprobs", "old", "mask"))
     grad_bytes = host["main_logprobs"].nbytes + host["sub_logprobs"].nbytes
     moved = token_bytes + grad_bytes
 
@@ -134,6 +180,9 @@ def main(argv=None) -> dict:
         "kernel_gb_per_s": kernel_gb_per_s,
         "copy_gb_per_s": copy_gb_per_s,
         "kernel_fresh_alloc_gb_per_s": moved / kernel_fresh["median_s"] / 1e9,
+        "reuse_freed_memory": reused,
+        "hlo_row_by_t_buffers": temporaries,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "numpy_copy_gb_per_s": numpy_copy_gb_per_s,
         "jax_copy_gb_per_s": jax_copy_gb_per_s,
         "fraction_of_copy": kernel_gb_per_s / copy_gb_per_s,
