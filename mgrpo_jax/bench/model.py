@@ -5,7 +5,11 @@
 
 Shape: Qwen-3 style, vocab 2048, d_model 256, 4 layers, 4 query / 2 KV heads, head_dim 64, MLP 1024, f32.
 
-What is timed (each figure is the median of ``--repeats`` timed calls after a warm-up/compile call):
+What is timed. Everything is built, compiled and warmed up first; then ``--repeats`` rounds each time
+every workload once, back to back, in the order: matmul peak, our decode at batch 32, the peer's
+``generate()``, our train step, the peer's train step, our decode at batch 64, prefill (and the peak once
+more at the end). Figures are medians over rounds; ``decode_vs_hf`` / ``train_vs_hf`` are medians of the
+per-round ratios, so load from other processes that drifts during the run hits both sides alike.
 
 * ``decode``: ``Sampler.generate`` at batch 32 and 64, prompt 128 random ids, 256 new tokens, temperature
   1, no top-k/top-p, no stop tokens (every row generates all 256). tokens/s = batch * 256 / wall time of
@@ -15,14 +19,13 @@ What is timed (each figure is the median of ``--repeats`` timed calls after a wa
   optimizer state donated) at batch 32 x 384 tokens; tokens/s = 32 * 384 / time. MFU = model FLOPs per
   step / time / matmul peak, where model FLOPs = 6 * (matmul parameters) * tokens + the attention score and
   value matmuls (3 * 4 * T * H * head_dim per token per layer, counted over the full T x T square as
-  computed), and the peak is the best of three timings (start, just before and just after the train
-  step) of a jitted 2048^2 float32 matmul in this run; taking the best keeps the ratio conservative
-  when other work on the machine slows some of the timings.
+  computed), and the peak is the best of the per-round timings of a jitted 2048^2 float32 matmul in
+  this run; taking the best keeps the ratio conservative when other work slows some of the timings.
 * the peer: ``transformers`` ``Qwen3ForCausalLM`` of the same shape, float32, ``torch.set_num_threads(2)``:
   ``generate()`` at batch 32 (same prompt length, ``do_sample=True``, temperature 1, ``top_k=0``,
   ``min_new_tokens=max_new_tokens=256``) and a ``torch.optim.AdamW`` step at batch 32 x 384.
-* ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) after the JAX parts, before the
-  peer runs (it includes the Python/JAX runtime itself).
+* ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) once our workloads have been built,
+  compiled and run once, before the peer is loaded (it includes the Python/JAX runtime itself).
 
 The last stdout line is one JSON object (see ``emit``).
 """
@@ -31,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import platform
 import resource
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -68,13 +73,18 @@ QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=
 # --------------------------------------------------------------------------------------------- peak
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
-    """Best observed float32 FLOP/s of one jitted n x n @ n x n matmul."""
+def matmul_peak_fn(n: int = 2048, repeats: int = 5) -> Callable[[], float]:
+    """A function that measures the best float32 FLOP/s of a jitted n x n @ n x n matmul (compiled once)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
     f = jax.jit(jnp.matmul)
-    t = time_call(lambda: f(a, b), warmup=2, repeats=repeats)
-    return 2.0 * n**3 / t["min_s"]
+    jax.block_until_ready(f(a, b))
+
+    def measure() -> float:
+        t = time_call(lambda: f(a, b), warmup=1, repeats=repeats)
+        return 2.0 * n**3 / t["min_s"]
+
+    return measure
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -102,8 +112,12 @@ def make_train_step(graphdef, tx):
         B, T = tokens.shape
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, _ = model(tokens, pos)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:])
-        return jnp.mean(losses)
+        # Next-token targets over all T positions with the last one weighted 0: the same loss as slicing
+        # logits[:, :-1], without copying the [B, T, V] logits.
+        targets = jnp.roll(tokens, -1, axis=1)
+        weights = (jnp.arange(T) < T - 1).astype(jnp.float32)[None]
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return jnp.sum(losses * weights) / (B * (T - 1))
 
     def step(params, opt_state, tokens):
         loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
@@ -114,10 +128,19 @@ def make_train_step(graphdef, tx):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def bench_ours(cfg, sizes: BenchSizes, peaks: list[float]) -> dict:
-    """Our decode, prefill and train figures. Appends fresh matmul-peak measurements to ``peaks``
-    (before and after the train step) so the MFU divides by the best peak seen in the run."""
-    out: dict = {}
+@dataclasses.dataclass
+class Case:
+    """One timed workload: ``fn()`` runs it once (blocking); ``tokens`` it processes per call."""
+
+    name: str
+    fn: Callable[[], object]
+    tokens: int
+
+
+def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
+    """Build, compile and warm up our decode, prefill and train workloads."""
+    info: dict = {}
+    cases: list[Case] = []
     model = build_model(cfg)
     rng = np.random.default_rng(0)
     sampler = Sampler(model, pad_id=0)
@@ -125,72 +148,65 @@ def bench_ours(cfg, sizes: BenchSizes, peaks: list[float]) -> dict:
     for B in sizes.decode_batches:
         prompts = rng.integers(0, cfg.vocab_size, size=(B, P)).astype(np.int32)
         lengths = np.full((B,), P, np.int32)
-        stops = np.full((B, 4), NO_STOP, np.int32)
+        stops = np.full((B, 4), NO_STOP, np.int32)  # no stop tokens: every row generates N tokens
         calls = iter(range(1 << 30))
 
-        def run(prompts=prompts, lengths=lengths, stops=stops, calls=calls):
-            return sampler.generate(prompts, lengths, max_new=N, rng=next(calls), temperature=1.0,
-                                    stop_tokens=stops)
+        def decode(prompts=prompts, lengths=lengths, stops=stops, calls=calls):
+            out = sampler.generate(prompts, lengths, max_new=N, rng=next(calls), temperature=1.0,
+                                   stop_tokens=stops)
+            return out.tokens
 
         t0 = time.perf_counter()
-        res = jax.block_until_ready(run())
-        out[f"decode_compile_s_b{B}"] = time.perf_counter() - t0
+        res = sampler.generate(prompts, lengths, max_new=N, rng=0, temperature=1.0, stop_tokens=stops)
+        jax.block_until_ready(res)
+        info[f"decode_compile_s_b{B}"] = time.perf_counter() - t0
         assert int(np.asarray(res.lengths).min()) == N, "bench rows must not stop early"
-        t = time_call(run, warmup=0, repeats=sizes.repeats)
-        out[f"decode_tokens_per_s_b{B}"] = B * N / t["median_s"]
-        out[f"decode_s_b{B}"] = t["median_s"]
+        cases.append(Case(f"decode_b{B}", decode, B * N))
 
-    # Prefill alone: one cached forward over the prompts.
+    # Prefill alone: one cached forward over the prompts (what the sampler does before decoding).
     B = sizes.decode_batches[0]
     graphdef, state = nnx.split(model)
     prompts = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(B, P)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=1)
     def prefill(state, cache, tokens):
         m = nnx.merge(graphdef, state)
         logits, cache = m(tokens, pos, cache=cache, cache_index=jnp.int32(0))
         return logits[:, -1], cache
 
-    cache = model.init_cache(B, P + N)
-    t = time_call(lambda: prefill(state, cache, prompts), warmup=1, repeats=sizes.repeats)
-    out["prefill_tokens_per_s"] = B * P / t["median_s"]
+    cache_box = [model.init_cache(B, P + N)]
 
-    # Train step.
+    def run_prefill():
+        last, cache_box[0] = prefill(state, cache_box[0], prompts)
+        return last
+
+    jax.block_until_ready(run_prefill())
+    cases.append(Case("prefill", run_prefill, B * P))
+
+    # Train step: AdamW, parameters and optimizer state donated.
     Bt, T = sizes.train_batch, sizes.train_seq
     tx = optax.adamw(1e-4, weight_decay=0.01)
     params = nnx.state(build_model(cfg, seed=1), nnx.Param)
-    graphdef = nnx.graphdef(model)
     opt_state = jax.jit(tx.init)(params)
     step = make_train_step(graphdef, tx)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(Bt, T)), jnp.int32)
     t0 = time.perf_counter()
     compiled = step.lower(params, opt_state, tokens).compile()
-    out["train_compile_s"] = time.perf_counter() - t0
+    info["train_compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     if mem is not None:
-        out["train_step_temp_gb"] = getattr(mem, "temp_size_in_bytes", 0) / 2**30
-    state_box = [params, opt_state]
+        info["train_step_temp_gb"] = getattr(mem, "temp_size_in_bytes", 0) / 2**30
+    train_box = [params, opt_state]
 
     def train():
-        p, o, loss = compiled(state_box[0], state_box[1], tokens)
-        state_box[0], state_box[1] = p, o
+        train_box[0], train_box[1], loss = compiled(train_box[0], train_box[1], tokens)
         return loss
 
-    peaks.append(matmul_peak_flops(sizes.matmul_n))
-    t = time_call(train, warmup=1, repeats=sizes.repeats)
-    peaks.append(matmul_peak_flops(sizes.matmul_n))
-    peak = max(peaks)
-    out["matmul_peak_gflops"] = peak / 1e9
-    out["matmul_peak_samples_gflops"] = [p / 1e9 for p in peaks]
-    out["train_step_s"] = t["median_s"]
-    out["train_tokens_per_s"] = Bt * T / t["median_s"]
-    flops = train_flops_per_token(cfg, T) * Bt * T
-    out["train_tflops_per_step"] = flops / 1e12
-    out["train_mfu"] = flops / t["median_s"] / peak
-    out["train_loss"] = float(train())
-    out["peak_memory_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return out
+    info["train_loss_first"] = float(train())
+    cases.append(Case("train", train, Bt * T))
+    info["train_flops_per_step"] = train_flops_per_token(cfg, T) * Bt * T
+    return cases, info
 
 
 # -------------------------------------------------------------------------------------------- peer
@@ -208,63 +224,52 @@ def hf_config(cfg):
         bos_token_id=None, eos_token_id=None)
 
 
-def bench_hf(cfg, sizes: BenchSizes, threads: int = 2) -> dict:
+def setup_hf(cfg, sizes: BenchSizes, threads: int = 2) -> tuple[list[Case], dict]:
+    """The peer: ``transformers`` Qwen3 of the same shape on PyTorch CPU, warmed up."""
     import torch
     from transformers import Qwen3ForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    out: dict = {"hf_threads": threads, "torch_version": torch.__version__}
-    model = Qwen3ForCausalLM(hf_config(cfg)).float().eval()
+    info: dict = {"hf_threads": threads, "torch_version": torch.__version__}
+    model = Qwen3ForCausalLM(hf_config(cfg)).float()
     rng = np.random.default_rng(0)
     B, P, N = sizes.hf_decode_batch, sizes.prompt_len, sizes.new_tokens
     prompts = torch.tensor(rng.integers(0, cfg.vocab_size, size=(B, P)), dtype=torch.long)
     mask = torch.ones_like(prompts)
 
-    def gen(n):
+    def gen(n=N):
+        model.eval()
         with torch.no_grad():
-            return model.generate(input_ids=prompts, attention_mask=mask, do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+            seq = model.generate(input_ids=prompts, attention_mask=mask, do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+        assert seq.shape == (B, P + n)
+        return seq
 
     gen(4)  # warm-up
-    times = []
-    for _ in range(sizes.repeats):
-        t0 = time.perf_counter()
-        seq = gen(N)
-        times.append(time.perf_counter() - t0)
-    assert seq.shape == (B, P + N)
-    out["hf_decode_s"] = float(np.median(times))
-    out["hf_decode_tokens_per_s"] = B * N / out["hf_decode_s"]
 
     Bt, T = sizes.train_batch, sizes.train_seq
-    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     tokens = torch.tensor(rng.integers(0, cfg.vocab_size, size=(Bt, T)), dtype=torch.long)
 
     def step():
+        model.train()
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.item()
 
-    step()  # warm-up
-    times = []
-    for _ in range(sizes.repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    out["hf_train_step_s"] = float(np.median(times))
-    out["hf_train_tokens_per_s"] = Bt * T / out["hf_train_step_s"]
-    return out
+    info["hf_train_loss_first"] = step()  # warm-up
+    return [Case("hf_decode", gen, B * N), Case("hf_train", step, Bt * T)], info
 
 
 # -------------------------------------------------------------------------------------------- main
 
 
 def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
+    """Set everything up, then time the workloads in interleaved rounds (see module docstring)."""
     cfg = get_model_config(sizes.preset, **dict(sizes.overrides))
-    peaks = [matmul_peak_flops(sizes.matmul_n)]
     figures = {
         "preset": sizes.preset,
         "backend": jax.default_backend(),
@@ -275,13 +280,58 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         "new_tokens": sizes.new_tokens,
         "train_batch": [sizes.train_batch, sizes.train_seq],
         "params": cfg.num_params(),
+        "rounds": sizes.repeats,
     }
-    figures.update(bench_ours(cfg, sizes, peaks))
-    figures["decode_tokens_per_s"] = figures[f"decode_tokens_per_s_b{sizes.decode_batches[0]}"]
+    cases, info = setup_ours(cfg, sizes)
+    figures.update(info)
+    figures["peak_memory_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if hf:
-        figures.update(bench_hf(cfg, sizes))
-        figures["decode_vs_hf"] = figures["decode_tokens_per_s"] / figures["hf_decode_tokens_per_s"]
-        figures["train_vs_hf"] = figures["train_tokens_per_s"] / figures["hf_train_tokens_per_s"]
+        hf_cases, hf_info = setup_hf(cfg, sizes)
+        figures.update(hf_info)
+        # Interleave so that each of ours runs next to its peer: drifting load hits both alike.
+        order = {c.name: c for c in cases + hf_cases}
+        names = [f"decode_b{sizes.decode_batches[0]}", "hf_decode", "train", "hf_train"]
+        names += [c.name for c in cases if c.name not in names]
+        cases = [order[n] for n in names]
+
+    peak_fn = matmul_peak_fn(sizes.matmul_n)
+    times: dict[str, list[float]] = {c.name: [] for c in cases}
+    peaks: list[float] = []
+    for _ in range(sizes.repeats):
+        peaks.append(peak_fn())
+        for c in cases:
+            t0 = time.perf_counter()
+            jax.block_until_ready(c.fn())
+            times[c.name].append(time.perf_counter() - t0)
+    peaks.append(peak_fn())
+    peak = max(peaks)
+    figures["matmul_peak_gflops"] = peak / 1e9
+    figures["matmul_peak_samples_gflops"] = [p / 1e9 for p in peaks]
+
+    tps = {c.name: c.tokens / float(np.median(times[c.name])) for c in cases}
+    for B in sizes.decode_batches:
+        figures[f"decode_tokens_per_s_b{B}"] = tps[f"decode_b{B}"]
+        figures[f"decode_s_b{B}"] = float(np.median(times[f"decode_b{B}"]))
+    figures["decode_tokens_per_s"] = tps[f"decode_b{sizes.decode_batches[0]}"]
+    figures["prefill_tokens_per_s"] = tps["prefill"]
+    figures["train_step_s"] = float(np.median(times["train"]))
+    figures["train_step_samples_s"] = times["train"]
+    figures["train_tokens_per_s"] = tps["train"]
+    figures["train_tflops_per_step"] = figures.pop("train_flops_per_step") / 1e12
+    figures["train_mfu"] = figures["train_tflops_per_step"] * 1e12 / figures["train_step_s"] / peak
+    if hf:
+        figures["hf_decode_s"] = float(np.median(times["hf_decode"]))
+        figures["hf_decode_tokens_per_s"] = tps["hf_decode"]
+        figures["hf_train_step_s"] = float(np.median(times["hf_train"]))
+        figures["hf_train_step_samples_s"] = times["hf_train"]
+        figures["hf_train_tokens_per_s"] = tps["hf_train"]
+        # Ratios per round (ours and the peer timed back to back), then the median over rounds.
+        dec = f"decode_b{sizes.decode_batches[0]}"
+        ratio = lambda a, b, ta, tb: float(np.median(
+            [(ta / x) / (tb / y) for x, y in zip(times[a], times[b], strict=True)]))
+        figures["decode_vs_hf"] = ratio(dec, "hf_decode", figures["decode_batch"] * sizes.new_tokens,
+                                        sizes.hf_decode_batch * sizes.new_tokens)
+        figures["train_vs_hf"] = ratio("train", "hf_train", 1.0, 1.0)
     else:
         figures["hf_decode_tokens_per_s"] = None
         figures["hf_train_tokens_per_s"] = None
