@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import platform
 import resource
 import time
@@ -281,6 +282,7 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         "train_batch": [sizes.train_batch, sizes.train_seq],
         "params": cfg.num_params(),
         "rounds": sizes.repeats,
+        "load_avg_1m_start": os.getloadavg()[0],  # other processes on the machine skew every figure
     }
     cases, info = setup_ours(cfg, sizes)
     figures.update(info)
@@ -304,6 +306,7 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
             jax.block_until_ready(c.fn())
             times[c.name].append(time.perf_counter() - t0)
     peaks.append(peak_fn())
+    figures["load_avg_1m_end"] = os.getloadavg()[0]
     peak = max(peaks)
     figures["matmul_peak_gflops"] = peak / 1e9
     figures["matmul_peak_samples_gflops"] = [p / 1e9 for p in peaks]
