@@ -163,8 +163,11 @@ def _smoke(c) -> None:
 def _local(c) -> None:
     _small_world(c, 1000)
     c.tokenizer.vocab_size = 2048
-    c.main.context_tokens = 768
-    c.sub.context_tokens = 1152
+    for agent in (c.main, c.sub, c.single):
+        agent.model_overrides = ml_collections.ConfigDict({"d_model": 64, "n_layers": 2, "n_heads": 2, "n_kv_heads": 1,
+                                                          "head_dim": 32, "mlp_dim": 256})
+    c.main.context_tokens = 512
+    c.sub.context_tokens = 1024
     c.main.max_turns = 4
     c.sub.max_turns = 4
     c.single.context_tokens = 2048
@@ -178,7 +181,7 @@ def _local(c) -> None:
     c.rollout.max_turn_tokens = 96
     c.rollout.max_sub_calls = 3
     c.rollout.unsync_chunk = 16
-    c.warmstart.steps = 120
+    c.warmstart.steps = 150
     c.warmstart.batch_size = 8
     c.warmstart.examples = 400
     c.train.steps = 16

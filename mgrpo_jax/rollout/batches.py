@@ -17,6 +17,13 @@ from mgrpo_jax.rollout.episode import Episode
 PAD_VALUES = {"tokens": 0, "loss_mask": 0.0, "old_logprobs": 0.0}
 
 
+def bucket_length(lengths, limit: int, multiple: int = 128) -> int:
+    """Pad a batch to its longest row rounded up to `multiple`, capped at `limit` (the context budget): far
+    less padding than always using `limit`, and only limit / multiple shapes for the train steps to compile."""
+    longest = max([int(n) for n in lengths] or [1])
+    return min(int(limit), -(-longest // multiple) * multiple)
+
+
 def _clipped(episode: Episode, seq_len: int) -> dict[str, np.ndarray]:
     arrays = episode.arrays()
     if len(episode.tokens) > seq_len:

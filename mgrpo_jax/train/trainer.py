@@ -48,6 +48,8 @@ def _seed(*parts) -> int:
 
 
 class Trainer:
+    agent_subset = None  # the agents this process builds (None: all); one side of the decoupled mode sets it
+
     def __init__(self, config, workdir: str):
         self.config = config
         self.workdir = workdir
@@ -57,7 +59,7 @@ class Trainer:
         start = time.perf_counter()
         self.env = system.build_environment(config)
         self.tokenizer = system.build_tokenizer(config, self.env, workdir)
-        self.agents = system.build_agents(config, self.tokenizer)
+        self.agents = system.build_agents(config, self.tokenizer, only=self.agent_subset)
         self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.store = open_store(config.store)
         self.writer = MetricWriter(workdir, enabled=self.is_main_process, total_steps=config.train.steps,
@@ -114,13 +116,16 @@ class Trainer:
             start = time.perf_counter()
             examples = self.demonstrations(name, cfg.examples, _seed(self.config.seed, "demos", name))
             seq_len = agent.config.context_tokens
-            agent.reset_optimizer(agent.config.sft)
-            sft = make_sft_step(agent.graphdef, make_optimizer(agent.config.sft), agent.sharding, agent.mesh)
+            sft_cfg = agent.config.sft.copy_and_resolve_references()
+            sft_cfg.total_steps = sft_cfg.total_steps or cfg.steps  # decay over the whole warm start
+            agent.reset_optimizer(sft_cfg)
+            sft = make_sft_step(agent.graphdef, make_optimizer(sft_cfg), agent.sharding, agent.mesh)
             rng = np.random.default_rng(_seed(self.config.seed, "sft", name))
             losses = []
             for i in range(cfg.steps):
                 rows = [examples[j] for j in rng.choice(len(examples), cfg.batch_size, replace=False)]
-                batch = batches.sft_rows(rows, seq_len, self.tokenizer.pad_id)
+                length = batches.bucket_length([len(ids) for ids, _ in rows], seq_len)
+                batch = batches.sft_rows(rows, length, self.tokenizer.pad_id)
                 agent.state, metrics = sft(agent.state, {k: batch[k] for k in SFT_KEYS})
                 losses.append(float(metrics["loss"]))
                 if i % 25 == 0 or i == cfg.steps - 1:
@@ -170,16 +175,19 @@ class Trainer:
         }
         metrics.update(rollout.stats())
         top_agent = self.agents[self.top_name]
-        top_rows = batches.top_batch(rollout.top, main_adv, top_agent.config.context_tokens, self.tokenizer.pad_id)
+        top_len = batches.bucket_length([len(e.tokens) for row in rollout.top for e in row],
+                                        top_agent.config.context_tokens)
+        top_rows = batches.top_batch(rollout.top, main_adv, top_len, self.tokenizer.pad_id)
 
         sub_rows = None
-        if SUB in self.agents:
+        if self.top_name == MAIN:
             # The main side publishes its rewards; the sub side reads them back (the decoupled data path).
             writer = self.store.step_writer(self.step, MAIN, int(top_agent.state.step))
             writer.put_array("main_correct", inputs.correct)
             writer.put_array("main_reward", main_r)
             writer.put_array("sub_counts", rollout.sub_counts())
             writer.commit()
+        if SUB in self.agents:
             view = self.store.wait_step(self.step, MAIN, timeout_s=60)
             main_correct = view.array("main_correct")
             counts = view.array("sub_counts")
@@ -221,7 +229,8 @@ class Trainer:
         out["sub/reward"] = float(sub_r[valid].mean()) if valid.any() else 0.0
         out["sub/expert"] = float(np.mean([x for q in inputs.sub_expert for k in q for x in k] or [0.0]))
         out["sub/format_ok"] = float(np.mean([x for q in inputs.sub_format_ok for k in q for x in k] or [0.0]))
-        seq_len = self.agents[SUB].config.context_tokens
+        seq_len = batches.bucket_length([len(s.tokens) for row in rollout.top for e in row for s in e.subs],
+                                        self.agents[SUB].config.context_tokens)
         if cfg.mode == "mgrpo_unsync":
             out["_sub_rows"] = self._unsync_rows(rollout, index, weight, sub_r, seq_len, adv_kw, out)
             return out
@@ -258,6 +267,7 @@ class Trainer:
                                                    np.ones((usable // group, group), np.float32), **adv_kw)).reshape(-1)
         out["sub/staleness"] = float(np.mean([version - r.policy_version for r in popped]))
         examples = [(r.payload["tokens"], r.payload["loss_mask"]) for r in popped]
+        seq_len = batches.bucket_length([len(ids) for ids, _ in examples], self.agents[SUB].config.context_tokens)
         rows = batches.sft_rows(examples, seq_len, self.tokenizer.pad_id)
         rows["old_logprobs"] = np.zeros_like(rows["loss_mask"])
         for i, r in enumerate(popped):
