@@ -9,6 +9,10 @@ Each iteration of the loop
 So every pending main turn shares one sampler call and every pending sub turn shares another, and the
 samplers see a handful of shape buckets rather than one shape per episode.
 
+Delegations can also be served elsewhere (decoupled mode): a `sub_executor` callable receives each
+iteration's newly spawned sub-agent episodes and returns them finished (answer and end reason filled in),
+instead of step 3 running them in this process. The sub-agent job runs them with `start_sub` / `run_subs`.
+
 Limits end an episode cleanly and are recorded as its `end_reason`: a turn that breaks the protocol
 (`format_error`), the agent's turn limit (`max_turns`), its context budget (`context`), a turn longer
 than the per-turn token limit (`turn_too_long`). The per-rollout cap on delegations answers further
@@ -66,13 +70,17 @@ class RolloutLimits:
 
 class RolloutEngine:
     def __init__(self, tokenizer, top: AgentRuntime, sub: AgentRuntime | None = None,
-                 limits: RolloutLimits | None = None):
+                 limits: RolloutLimits | None = None,
+                 sub_executor: Callable[[list[Episode], Sequence], list[Episode]] | None = None):
         if top.can_delegate and sub is None:
             raise ValueError(f"agent {top.name!r} can delegate but no sub-agent runtime was given")
         self.tokenizer = tokenizer
         self.top = top
         self.sub = sub
         self.limits = limits or RolloutLimits()
+        # None: sub-agent turns run here, in lock-step with the top-level turns. Else called as
+        # `sub_executor(spawned, questions)` once per iteration; returns the spawned episodes finished.
+        self.sub_executor = sub_executor
         self._assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
         self._separator = tokenizer.turn_separator_ids
         self._end_of_turn = tokenizer.end_of_turn_id
@@ -105,7 +113,13 @@ class RolloutEngine:
                 break
             if ready:
                 spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings)
-                live_subs.extend(spawned)
+                if self.sub_executor is not None and spawned:
+                    start = time.perf_counter()
+                    for sub in self.sub_executor(spawned, questions):
+                        self._return_to_parent(sub, top)
+                    timings["remote_subs_s"] = timings.get("remote_subs_s", 0.0) + time.perf_counter() - start
+                else:
+                    live_subs.extend(spawned)
             if live_subs:
                 self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings)
                 for sub in [s for s in live_subs if s.done]:
@@ -113,6 +127,21 @@ class RolloutEngine:
                     self._return_to_parent(sub, top)
             iteration += 1
         return RolloutBatch(list(questions), top, timings)
+
+    def start_sub(self, task: str, context: str = "", **fields) -> Episode:
+        """A new sub-agent episode for `delegate(task, context)` (fields: question_index, rollout, invocation)."""
+        return self._start(self.sub, sub_agent_prompt(task, context), call={"task": task, "context": context},
+                           task=task if not context.strip() else f"{task}\n{context}", **fields)
+
+    def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None) -> dict:
+        """Runs sub-agent episodes to the end in lock-step batches (the sub-agent job's side); returns timings."""
+        timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
+        live, iteration = list(subs), 0
+        while live:
+            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings)
+            live = [s for s in live if not s.done]
+            iteration += 1
+        return timings
 
     def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict) -> list[Episode]:
         """One sampled turn for each episode; returns the sub-agent episodes the turns started."""
@@ -169,11 +198,9 @@ class RolloutEngine:
             if len(episode.subs) >= self.limits.max_sub_calls:
                 self._respond(episode, f"Error: at most {self.limits.max_sub_calls} delegations per question.")
             else:
-                task = str(parsed.arguments.get("task", ""))
-                context = str(parsed.arguments.get("context", ""))
-                sub = self._start(self.sub, sub_agent_prompt(task, context), question_index=episode.question_index,
-                                  rollout=episode.rollout, invocation=len(episode.subs),
-                                  task=task if not context.strip() else f"{task}\n{context}")
+                sub = self.start_sub(str(parsed.arguments.get("task", "")), str(parsed.arguments.get("context", "")),
+                                     question_index=episode.question_index, rollout=episode.rollout,
+                                     invocation=len(episode.subs))
                 episode.subs.append(sub)
                 episode.waiting_on = sub
                 spawned.append(sub)

@@ -30,6 +30,7 @@ class Episode:
     rollout: int
     invocation: int = -1  # sub-agent episodes: which delegation of the parent rollout (call order)
     task: str = ""  # sub-agent episodes: the delegated task (and context) text
+    call: dict = field(default_factory=dict)  # sub-agent episodes: the delegate call's {"task", "context"}
     tokens: list[int] = field(default_factory=list)
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

@@ -163,23 +163,29 @@ def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list
     raise ValueError(f"no device count divides batches of {rows} rows with fixed mesh axes of size {fixed_axes}")
 
 
-def build_agents(config, tokenizer: Tokenizer) -> dict[str, Agent]:
+def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None) -> dict[str, Agent]:
+    """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run)."""
     names = agent_names(config.mode)
-    devices = agent_devices(names)
+    devices = agent_devices([n for n in names if only is None or n in only])
     agents = {}
     for offset, name in enumerate(names):
+        if name not in devices:
+            continue
         agent_cfg = config[name]
         fixed = 1
         for size in agent_cfg.mesh.to_dict().values():
             fixed *= size if size > 0 else 1
         usable = fit_devices(devices[name], batch_rows(config, name), fixed)
         agents[name] = build_agent(name, agent_cfg, tokenizer, usable, config.seed * 100 + offset)
-    if config.mode == "frozen_sub":
+    if config.mode == "frozen_sub" and SUB in agents:
         agents[SUB].trainable = False
     return agents
 
 
-def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment, agents: dict[str, Agent]) -> RolloutEngine:
+def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment, agents: dict[str, Agent],
+                 sub_executor=None) -> RolloutEngine:
+    """The rollout engine; an agent missing from `agents` (the other job's, in decoupled mode) gets a runtime
+    without a sampler: its prompt and tools are known here, its turns are not sampled here."""
     backend = web_backend(config, env)
     top_k = config.env.search_top_k
     limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,
@@ -188,14 +194,15 @@ def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment, agents: 
     def runtime(name, toolbox, can_delegate):
         agent_cfg = config[name]
         tools = {tool: functools.partial(_execute, toolbox, tool) for tool in toolbox.names if tool != DELEGATE}
-        return AgentRuntime(name, agents[name].sampler, system_prompt(name, toolbox.specs), tools,
+        sampler = agents[name].sampler if name in agents else None
+        return AgentRuntime(name, sampler, system_prompt(name, toolbox.specs), tools,
                             can_delegate=can_delegate, max_turns=agent_cfg.max_turns,
                             context_tokens=agent_cfg.context_tokens)
 
     if SINGLE in agents:
         return RolloutEngine(tokenizer, runtime(SINGLE, single_agent_toolbox(backend, top_k), False), None, limits)
     return RolloutEngine(tokenizer, runtime(MAIN, main_agent_toolbox(), True),
-                         runtime(SUB, sub_agent_toolbox(backend, top_k), False), limits)
+                         runtime(SUB, sub_agent_toolbox(backend, top_k), False), limits, sub_executor)
 
 
 def _execute(toolbox, name: str, arguments) -> str:
