@@ -109,8 +109,11 @@ class Trainer:
                 break
         return examples[:count]
 
-    def warm_start(self) -> None:
-        """Supervised cloning of the scripted experts' transcripts, then a fresh RL optimizer per agent."""
+    def warm_start(self, guard: PreemptionGuard | None = None) -> bool:
+        """Supervised cloning of the scripted experts' transcripts, then a fresh RL optimizer per agent.
+
+        Returns False when preempted: the warm start is short, so a resumed run simply starts it again.
+        """
         cfg = self.config.warmstart
         for name, agent in self.agents.items():
             start = time.perf_counter()
@@ -123,6 +126,9 @@ class Trainer:
             rng = np.random.default_rng(_seed(self.config.seed, "sft", name))
             losses = []
             for i in range(cfg.steps):
+                if guard is not None and guard.should_stop():
+                    log.warning("preempted during the warm start of %s; it restarts when the run resumes", name)
+                    return False
                 rows = [examples[j] for j in rng.choice(len(examples), cfg.batch_size, replace=False)]
                 length = batches.bucket_length([len(ids) for ids, _ in rows], seq_len)
                 batch = batches.sft_rows(rows, length, self.tokenizer.pad_id)
@@ -134,6 +140,7 @@ class Trainer:
             log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, cfg.steps, losses[0] if losses
                      else float("nan"), losses[-1] if losses else float("nan"), time.perf_counter() - start)
         self.warm_started = True
+        return True
 
     # -- one RL step ------------------------------------------------------------------------------------
 
@@ -331,7 +338,8 @@ class Trainer:
         with PreemptionGuard() as guard:
             resumed = self.restore()
             if not resumed and not self.warm_started:
-                self.warm_start()
+                if not self.warm_start(guard):
+                    return {}
                 self.save(force=True)
             while self.step < cfg.train.steps:
                 metrics = self.rl_step()
