@@ -97,7 +97,8 @@ def test_run_passes_with_shuffled_minibatches(tiny_cfg, mesh1, logprob_fn, polic
     traces = policy_step.trace_count
     state, metrics = run_passes(policy_step, state, big, passes=3, key=jax.random.key(0), minibatches=2)
     assert len(metrics) == 6 and int(state.step) == 6
-    assert policy_step.trace_count == traces  # 16-row minibatches reuse the compiled step
+    # 16-row minibatches compile at most once (the module's fixture may already have traced them).
+    assert policy_step.trace_count == max(traces, 1)
     # Later passes see ratios away from 1: PPO epochs over one batch of behaviour log-probs.
     assert float(metrics[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
     assert float(metrics[-1]["approx_kl"]) > 0
