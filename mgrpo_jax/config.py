@@ -107,6 +107,12 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.train.log_transcripts = 2
 
     c.store = "memory://mgrpo"  # memory:// | file:///path | gs://bucket/prefix
+
+    # Decoupled mode (--role=main / --role=sub, two jobs sharing only `store`; mgrpo_jax/train/decoupled.py).
+    c.decoupled = ml_collections.ConfigDict()
+    c.decoupled.timeout_s = 3600.0  # longest wait for the other job (tokenizer, answers, commits, tasks)
+    c.decoupled.max_lag = 1  # the main job starts step s once the sub job has trained step s - max_lag
+    c.decoupled.worker = "sub_0"  # the sub job's name on its task claims
     return c
 
 

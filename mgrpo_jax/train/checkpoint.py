@@ -58,8 +58,12 @@ class Checkpointer:
                  subdir: str = "checkpoints", async_save: bool = True):
         self.directory = epath.Path(workdir) / subdir
         self.save_every = max(int(save_every), 1)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True)
+        # Directories are created before the save returns: with orbax 0.12's background creation, the step's
+        # temporary directory can appear (as the parent of an item's) before the step-level creator checks for
+        # it, which then deletes it under the item's writer ("Directory not empty: 'd'", seen under load).
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     # -- queries ------------------------------------------------------------------------------------

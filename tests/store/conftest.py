@@ -7,6 +7,7 @@ only when a gs:// test runs. The endpoint variables are set here, at import, bef
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -45,9 +46,16 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator():
-    """Starts the patched emulator for the session; yields its base URL."""
+def emulator_listening() -> bool:
+    """True when something accepts connections on the emulator port (e.g. this session's emulator)."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", EMULATOR_PORT)) == 0
+
+
+@contextlib.contextmanager
+def running_emulator():
+    """Runs the patched emulator on EMULATOR_PORT while the block runs; yields its base URL."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -74,6 +82,13 @@ def gcs_emulator():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """Starts the patched emulator for the session; yields its base URL."""
+    with running_emulator() as url:
+        yield url
 
 
 def make_url(backend: str, request, tmp_path: Path, name: str = "store") -> str:
