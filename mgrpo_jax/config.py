@@ -30,6 +30,7 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.context_tokens = context_tokens  # episode budget; also the train step's sequence length
     agent.max_turns = max_turns
     agent.micro_batches = 1
+    agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"
     agent.loss_hparams = ml_collections.ConfigDict(
@@ -187,14 +188,19 @@ def _local(c) -> None:
     c.rollout.max_turn_tokens = 96
     c.rollout.max_sub_calls = 3
     c.rollout.unsync_chunk = 16
-    c.warmstart.steps = 150
+    # 0.25M-parameter clones sample broken JSON at temperature 1 (the paper's value for 30B models);
+    # 0.7 keeps enough of their rollouts inside the protocol for the group advantages to carry signal.
+    c.rollout.temperature = 0.7
+    # The main agent's episodes are short (cheap steps) and its format errors end whole rollouts.
+    c.warmstart.steps = 120
+    c.main.warmstart_steps = 300
     c.warmstart.batch_size = 8
     c.warmstart.examples = 400
-    c.train.steps = 16
-    c.train.eval_every = 8
+    c.train.steps = 24
+    c.train.eval_every = 12
     c.train.eval_runs = 1
     c.train.eval_questions = 8
-    c.train.checkpoint_every = 8
+    c.train.checkpoint_every = 12
 
 
 def _figures(c) -> None:

@@ -119,13 +119,14 @@ class Trainer:
             start = time.perf_counter()
             examples = self.demonstrations(name, cfg.examples, _seed(self.config.seed, "demos", name))
             seq_len = agent.config.context_tokens
+            steps = agent.config.warmstart_steps or cfg.steps
             sft_cfg = agent.config.sft.copy_and_resolve_references()
-            sft_cfg.total_steps = sft_cfg.total_steps or cfg.steps  # decay over the whole warm start
+            sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
             agent.reset_optimizer(sft_cfg)
             sft = make_sft_step(agent.graphdef, make_optimizer(sft_cfg), agent.sharding, agent.mesh)
             rng = np.random.default_rng(_seed(self.config.seed, "sft", name))
             losses = []
-            for i in range(cfg.steps):
+            for i in range(steps):
                 if guard is not None and guard.should_stop():
                     log.warning("preempted during the warm start of %s; it restarts when the run resumes", name)
                     return False
@@ -134,10 +135,10 @@ class Trainer:
                 batch = batches.sft_rows(rows, length, self.tokenizer.pad_id)
                 agent.state, metrics = sft(agent.state, {k: batch[k] for k in SFT_KEYS})
                 losses.append(float(metrics["loss"]))
-                if i % 25 == 0 or i == cfg.steps - 1:
+                if i % 25 == 0 or i == steps - 1:
                     self.writer.write(i, {f"warmstart/{name}/loss": losses[-1]}, prefix_step="warmstart")
             agent.reset_optimizer(agent.config.optim)
-            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, cfg.steps, losses[0] if losses
+            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, steps, losses[0] if losses
                      else float("nan"), losses[-1] if losses else float("nan"), time.perf_counter() - start)
         self.warm_started = True
         return True
