@@ -333,7 +333,8 @@ class SubRole(Trainer):
                          metrics.get("sub/staleness", 0.0), metrics["time/step_s"])
                 stop = guard.should_stop()
                 self.save(force=stop or self.step == cfg.train.steps)
-                self._prune_cache(self.checkpointer.latest_step() or 0)
+                # The newest checkpoint may still be in flight (a kill now resumes from the one before it).
+                self._prune_cache(([0, 0] + self.checkpointer.all_steps())[-2])
                 if stop:
                     log.warning("preempted at step %d: checkpoint written, exiting", self.step)
                     break

@@ -36,33 +36,43 @@ def gcs_emulator():
             yield url
 
 
-def _run_roles(url: str, workdir: Path) -> dict[str, tuple[int, str]]:
-    flags = ["--config=experiments/xbench.py:smoke", f"--workdir={workdir}", f"--config.store={url}",
-             "--config.warmstart.steps=1", f"--config.train.steps={STEPS}", "--config.train.eval_every=0",
-             "--config.decoupled.timeout_s=300"]
-    env = subprocess_env()
-    env.pop("XLA_FLAGS", None)  # one CPU device per job: the two jobs share the test machine's cores
-    procs, logs = {}, {}
-    for role in ("main", "sub"):
-        logs[role] = open(workdir.parent / f"{workdir.name}-{role}.log", "w+")  # noqa: SIM115
-        procs[role] = subprocess.Popen([sys.executable, str(LAUNCH), *flags, f"--role={role}"], cwd=REPO, env=env,
-                                       stdout=logs[role], stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + TIMEOUT_S
-    out = {}
+class Role:
+    """One `launch/tpu_run.py --role=...` process of the smoke preset, logging to a file."""
+
+    def __init__(self, role: str, url: str, workdir: Path, steps: int = STEPS, log_name: str | None = None):
+        flags = ["--config=experiments/xbench.py:smoke", f"--workdir={workdir}", f"--config.store={url}",
+                 "--config.warmstart.steps=1", f"--config.train.steps={steps}", "--config.train.eval_every=0",
+                 "--config.decoupled.timeout_s=300"]
+        env = subprocess_env()
+        env.pop("XLA_FLAGS", None)  # one CPU device per job: the two jobs share the test machine's cores
+        self.role = role
+        self.log_path = workdir.parent / f"{log_name or role}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, str(LAUNCH), *flags, f"--role={role}"], cwd=REPO, env=env,
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _finish(*roles: Role, timeout_s: float = TIMEOUT_S) -> None:
+    """Waits for every role to exit 0 (killing all on a failure or timeout), with its log in the message."""
+    deadline = time.monotonic() + timeout_s
     try:
-        for proc in procs.values():
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
+        for role in roles:
+            try:
+                code = role.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = "a timeout"
+            assert code == 0, f"--role={role.role} exited with {code}:\n{role.log()[-6000:]}"
     finally:
-        for role, proc in procs.items():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            logs[role].seek(0)
-            out[role] = (proc.returncode, logs[role].read())
-            logs[role].close()
-    return out
+        for role in roles:
+            role.kill()
 
 
 def _steps(path: Path) -> list[dict]:
@@ -74,9 +84,7 @@ def _steps(path: Path) -> list[dict]:
 def test_main_and_sub_roles_as_two_processes(remote, request, tmp_path):
     url = make_url(remote, request, tmp_path)
     workdir = tmp_path / "run"
-    results = _run_roles(url, workdir)
-    for role, (code, log) in results.items():
-        assert code == 0, f"--role={role} exited with {code}:\n{log[-6000:]}"
+    _finish(Role("main", url, workdir), Role("sub", url, workdir))
 
     main, sub = _steps(workdir / "main" / "metrics.jsonl"), _steps(workdir / "sub" / "metrics.jsonl")
     assert [r["step"] for r in main] == [r["step"] for r in sub] == list(range(1, STEPS + 1))
@@ -95,5 +103,32 @@ def test_main_and_sub_roles_as_two_processes(remote, request, tmp_path):
     for role in ("main", "sub"):
         assert (workdir / role / "checkpoints").is_dir()
         assert json.loads((workdir / role / "summary.json").read_text())
-    # The sub job's trajectory cache is pruned up to its latest checkpoint (the last save may still be in flight).
-    assert all(int(name.split(".")[0]) >= STEPS - 1 for name in os.listdir(workdir / "sub" / "cache"))
+    # The sub job keeps its trajectory cache from its second-newest checkpoint on (a resume point even when the
+    # newest save is cut short): the last step's cache, and at most the one before it.
+    cached = sorted(os.listdir(workdir / "sub" / "cache"))
+    assert cached[-1] == f"{STEPS - 1:010d}.jsonl" and len(cached) <= 2
+
+
+@pytest.mark.slow
+def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path):
+    """The sub process is killed (SIGKILL) after its second step and started again: it resumes from its latest
+    checkpoint, takes the trajectories it had already served from its cache, and both jobs finish every step."""
+    url, workdir, steps = (tmp_path / "store").as_uri(), tmp_path / "run", 4
+    main, sub = Role("main", url, workdir, steps), Role("sub", url, workdir, steps, log_name="sub-1")
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while "sub step 2 " not in sub.log():
+            assert sub.proc.poll() is None and time.monotonic() < deadline, sub.log()[-6000:]
+            time.sleep(0.2)
+        sub.kill()
+    except BaseException:
+        main.kill()
+        raise
+    _finish(main, Role("sub", url, workdir, steps, log_name="sub-2"))
+    records = _steps(workdir / "sub" / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # resumed: no step twice, none missing
+    store = open_store(url)
+    for step in range(steps):
+        assert store.read_step(step, "sub").policy_version == step
+        assert sorted(store.tasks.answers(step)) == sorted(store.tasks.task_ids(step))
+    assert "resumed from step" in (tmp_path / "sub-2.log").read_text()
