@@ -15,19 +15,22 @@ in fixed chunks and grouped without regard to query, as the authors' released co
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
+import types
 import zlib
 
 import jax
 import numpy as np
 
 from mgrpo_jax.core import align, d_histogram, degenerate_groups, group_advantages, main_advantages, sub_advantages
+from mgrpo_jax.env.benchmarks import load_gaia, load_webwalker, load_xbench
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
-from mgrpo_jax.env.scoring import world_answer_correct
+from mgrpo_jax.env.scoring import score_benchmark_answer, world_answer_correct
 from mgrpo_jax.rollout import batches, rewards
 from mgrpo_jax.store import open_store
 from mgrpo_jax.train import system
@@ -41,6 +44,12 @@ log = logging.getLogger(__name__)
 TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights")
 SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
 EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker")
+BENCHMARK_LOADERS = {"gaia": load_gaia, "xbench": load_xbench, "webwalker": load_webwalker}
+
+
+def _score_record(benchmark: str, prediction: str, gold: str) -> bool:
+    # No LLM judge is configured offline: XBench / WebWalkerQA fall back to their exact-match paths.
+    return score_benchmark_answer(benchmark, "", gold, prediction, judge=None)
 
 
 def _seed(*parts) -> int:
@@ -168,6 +177,7 @@ class Trainer:
         questions = next(self.iterator)
         rollout = self.engine.run(questions, cfg.rollout.samples, seed=_seed(cfg.seed, "rollout", self.step))
         timings.update(rollout.timings)
+        self.log_transcripts(rollout)
         t1 = time.perf_counter()
 
         inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, self._top_tools(),
@@ -286,21 +296,47 @@ class Trainer:
 
     # -- evaluation -------------------------------------------------------------------------------------
 
+    def evaluation_sets(self) -> dict:
+        """{name: (questions, scorer)}: the offline world's three held-out sets, plus the real benchmark's
+        records when `config.env.benchmark_path` names its files (scored by that benchmark's own rule)."""
+        limit = self.config.train.eval_questions or None
+        sets = {name: (list(self.env.questions.split(name))[:limit], world_answer_correct) for name in EVAL_SETS}
+        path = self.config.env.benchmark_path
+        if path:
+            benchmark = self.config.benchmark
+            records = [r for r in BENCHMARK_LOADERS[benchmark](path) if r.answer is not None][:limit]
+            questions = [types.SimpleNamespace(text=r.question, answer=r.answer, id=r.id) for r in records]
+            scorer = functools.partial(_score_record, benchmark)
+            sets[f"{benchmark}_file"] = (questions, scorer)
+        return sets
+
     def evaluate(self) -> dict:
-        """avg@runs accuracy on the three held-out sets (sampled at the rollout temperature)."""
+        """avg@runs accuracy on each evaluation set (sampled at the rollout temperature)."""
         cfg = self.config.train
         out = {}
-        for name in EVAL_SETS:
-            questions = list(self.env.questions.split(name))
-            if cfg.eval_questions:
-                questions = questions[: cfg.eval_questions]
+        for name, (questions, scorer) in self.evaluation_sets().items():
             result = self.engine.run(questions, cfg.eval_runs, seed=_seed(self.config.seed, "eval", self.step, name))
             correct = [
-                float(e.answer is not None and world_answer_correct(e.answer, questions[e.question_index].answer))
+                float(e.answer is not None and scorer(e.answer, questions[e.question_index].answer))
                 for e in (ep for row in result.top for ep in row)
             ]
             out[f"eval/{name}/accuracy"] = float(np.mean(correct))
         return out
+
+    def log_transcripts(self, rollout) -> None:
+        """A few whole-system rollouts as text (main turns, delegated tasks, sub-agent answers) for inspection."""
+        count = self.config.train.log_transcripts
+        if not count or not self.is_main_process:
+            return
+        path = os.path.join(self.workdir, "transcripts.jsonl")
+        with open(path, "a") as f:
+            for episode in [e for row in rollout.top for e in row][:count]:
+                record = {"step": self.step, "question": rollout.questions[episode.question_index].text,
+                          "gold": rollout.questions[episode.question_index].answer, "answer": episode.answer,
+                          "end_reason": episode.end_reason, "turns": episode.turns,
+                          "delegations": [{"task": s.task, "answer": s.answer, "end_reason": s.end_reason,
+                                           "turns": s.turns} for s in episode.subs]}
+                f.write(json.dumps(record) + "\n")
 
     # -- state ------------------------------------------------------------------------------------------
 

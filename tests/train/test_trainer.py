@@ -62,3 +62,24 @@ def test_other_training_modes_run(tmp_path, mode):
     assert f"{top}/reward" in summary
     if mode == "frozen_sub":
         assert "sub/train/loss" not in summary and "main/train/loss" in summary
+
+
+@pytest.mark.slow
+def test_real_benchmark_files_are_evaluated_and_transcripts_logged(tmp_path):
+    # Two invented records in GAIA's metadata.jsonl schema (never real benchmark text).
+    folder = tmp_path / "gaia" / "2023" / "validation"
+    folder.mkdir(parents=True)
+    records = [{"task_id": f"00000000-0000-0000-0000-00000000000{i}", "Question": f"What is {i} plus {i}?",
+                "Level": 1, "Final answer": str(2 * i), "file_name": "",
+                "Annotator Metadata": {"Steps": "add", "Number of steps": "1"}} for i in (1, 2)]
+    (folder / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = get_config("gaia", "smoke")
+    config.env.benchmark_path = str(folder)
+    trainer = Trainer(config, str(tmp_path / "run"))
+    metrics = trainer.evaluate()
+    assert 0.0 <= metrics["eval/gaia_file/accuracy"] <= 1.0
+    assert {"eval/eval_gaia/accuracy", "eval/eval_xbench/accuracy", "eval/eval_webwalker/accuracy"} <= set(metrics)
+    trainer.rl_step()
+    lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
+    assert len(lines) == config.train.log_transcripts
+    assert {"question", "gold", "turns", "delegations", "end_reason"} <= set(json.loads(lines[0]))
