@@ -192,7 +192,7 @@ def _local(c) -> None:
     # 0.7 keeps enough of their rollouts inside the protocol for the group advantages to carry signal.
     c.rollout.temperature = 0.7
     # The main agent's episodes are short (cheap steps) and its format errors end whole rollouts.
-    c.warmstart.steps = 120
+    c.warmstart.steps = 100
     c.main.warmstart_steps = 300
     c.warmstart.batch_size = 8
     c.warmstart.examples = 400

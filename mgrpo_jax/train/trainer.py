@@ -61,7 +61,9 @@ class Trainer:
 
     def __init__(self, config, workdir: str):
         self.config = config
-        self.workdir = workdir
+        # Orbax needs absolute checkpoint paths; a workdir given relative to the current directory is fine.
+        self.workdir = workdir if "://" in workdir else os.path.abspath(workdir)
+        workdir = self.workdir
         self.is_main_process = jax.process_index() == 0
         self.top_name = SINGLE if config.mode == "single_agent" else MAIN
         os.makedirs(workdir, exist_ok=True)
