@@ -280,8 +280,8 @@ class SubRole(Trainer):
         sampled = [cache[key][1] for key in keys]
         if sampled:
             metrics["sub/staleness"] = float(np.mean([version - v for v in sampled]))
-        metrics.update(self._sub_side(rollout, inputs, main_correct, counts, adv_kw, metrics))
-        sub_rows = metrics.pop("_sub_rows", None)
+        sub_metrics, sub_rows = self._sub_side(rollout, inputs, main_correct, counts, adv_kw)
+        metrics.update(sub_metrics)
         t2 = time.perf_counter()
         agent = self.agents[SUB]
         if sub_rows is not None and agent.trainable:

@@ -211,8 +211,8 @@ class Trainer:
             view = self.store.wait_step(self.step, MAIN, timeout_s=60)
             main_correct = view.array("main_correct")
             counts = view.array("sub_counts")
-            metrics.update(self._sub_side(rollout, inputs, main_correct, counts, adv_kw, metrics))
-            sub_rows = metrics.pop("_sub_rows", None)
+            sub_metrics, sub_rows = self._sub_side(rollout, inputs, main_correct, counts, adv_kw)
+            metrics.update(sub_metrics)
         timings["rewards_s"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -232,7 +232,8 @@ class Trainer:
         self.store.gc(keep_last=4)
         return metrics
 
-    def _sub_side(self, rollout, inputs, main_correct, counts, adv_kw, metrics) -> dict:
+    def _sub_side(self, rollout, inputs, main_correct, counts, adv_kw) -> tuple[dict, dict | None]:
+        """The sub-agent's rewards, alignment and advantages: (metrics, its train batch or None)."""
         cfg = self.config
         d = cfg.rollout.d_max
         out = {}
@@ -240,7 +241,7 @@ class Trainer:
         out.update({f"d_k/hist/{i}": int(c) for i, c in enumerate(hist)})
         if counts.max() == 0:
             out["sub/reward"] = 0.0
-            return out
+            return out, None
         index, weight = align(counts, d, jax.random.key(_seed(cfg.seed, "align", self.step)),
                               mode=cfg.rollout.align_mode)
         index, weight = np.asarray(index), np.asarray(weight)
@@ -249,18 +250,16 @@ class Trainer:
         out["sub/reward"] = float(sub_r[valid].mean()) if valid.any() else 0.0
         out["sub/expert"] = float(np.mean([x for q in inputs.sub_expert for k in q for x in k] or [0.0]))
         out["sub/format_ok"] = float(np.mean([x for q in inputs.sub_format_ok for k in q for x in k] or [0.0]))
+        if cfg.mode == "mgrpo_unsync":
+            return out, self._unsync_rows(rollout, index, weight, sub_r, adv_kw, out)
         seq_len = batches.bucket_length([len(s.tokens) for row in rollout.top for e in row for s in e.subs],
                                         self.agents[SUB].config.context_tokens)
-        if cfg.mode == "mgrpo_unsync":
-            out["_sub_rows"] = self._unsync_rows(rollout, index, weight, sub_r, seq_len, adv_kw, out)
-            return out
         sub_adv = np.asarray(sub_advantages(sub_r, weight, **adv_kw))
         out["sub/zero_std_groups"] = float(np.asarray(degenerate_groups(
             sub_r.reshape(sub_r.shape[0], -1), weight.reshape(weight.shape[0], -1))).sum())
-        out["_sub_rows"] = batches.sub_batch(rollout.top, index, weight, sub_adv, seq_len, self.tokenizer.pad_id)
-        return out
+        return out, batches.sub_batch(rollout.top, index, weight, sub_adv, seq_len, self.tokenizer.pad_id)
 
-    def _unsync_rows(self, rollout, index, weight, sub_r, seq_len, adv_kw, out):
+    def _unsync_rows(self, rollout, index, weight, sub_r, adv_kw, out):
         """mgrpo_unsync: push this step's real sub-trajectories to the FIFO, train on the oldest chunk."""
         from mgrpo_jax.store import Record
 
@@ -353,10 +352,8 @@ class Trainer:
     def restore(self) -> bool:
         if self.checkpointer.latest_step() is None:
             return False
-        targets = {name: agent.sharding for name, agent in self.agents.items()}
-        abstract = {name: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                       agent.state, targets[name]) for name, agent in self.agents.items()}
-        states, host = self.checkpointer.restore(abstract)
+        # The current states are the restore targets: their shapes and shardings place the restored arrays.
+        states, host = self.checkpointer.restore({name: agent.state for name, agent in self.agents.items()})
         for name, agent in self.agents.items():
             agent.state = states[name]
             agent.publish()
