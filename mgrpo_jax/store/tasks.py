@@ -33,6 +33,7 @@ class TaskQueue:
     def __init__(self, store):
         self.store = store
         self.kv = store.kv
+        self.clock = time.time  # lease expiry is wall-clock time shared by both jobs; tests swap in a fake clock
 
     @staticmethod
     def _key(step: int, section: str, rid: str) -> str:
@@ -147,11 +148,11 @@ class TaskQueue:
             if limit is not None and len(won) >= limit:
                 break
             key = self._key(step, "claim", task.id)
-            lease = seal({"worker": worker, "expires": time.time() + lease_s})
+            lease = seal({"worker": worker, "expires": self.clock() + lease_s})
             raw, generation = self.kv.read(key)
             if raw is not None:
                 held = unseal(raw, url=self.store.url, key=key)
-                if held["worker"] != worker and held["expires"] > time.time():
+                if held["worker"] != worker and held["expires"] > self.clock():
                     continue
             if self.kv.write_if(key, lease, generation):
                 won.append(task)

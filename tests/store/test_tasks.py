@@ -49,11 +49,15 @@ def test_post_claim_answer_wait(store_url, fast_poll):
 
 
 def test_expired_lease_is_taken_over(store_url):
+    # A fake clock: a slow store (the emulator on a loaded CI machine) must not expire the lease early.
+    now = [1000.0]
     store = open_store(store_url)
+    store.tasks.clock = lambda: now[0]
     store.tasks.post(_tasks(1, n=1))
-    assert len(store.tasks.claim(1, "dead_worker", lease_s=0.05)) == 2
+    assert len(store.tasks.claim(1, "dead_worker", lease_s=5.0)) == 2
+    now[0] += 4.9
     assert store.tasks.claim(1, "live_worker") == []
-    time.sleep(0.1)
+    now[0] += 0.2
     assert len(store.tasks.claim(1, "live_worker")) == 2
 
 
@@ -65,7 +69,7 @@ def test_wait_answers_timeout_names_missing_ids(store_url, fast_poll):
     start = time.monotonic()
     with pytest.raises(StoreTimeout) as info:
         store.tasks.wait_answers(3, ids, timeout_s=0.3)
-    assert 0.25 < time.monotonic() - start < 3
+    assert 0.25 < time.monotonic() - start < 30  # lower bound: it waited; upper: it gave up (a loaded CI is slow)
     message = str(info.value)
     assert "3 of 4 tasks of step 3" in message
     for rid in ids[1:]:
