@@ -72,12 +72,20 @@ def tokenizer_corpus(env: OfflineEnvironment, config, limit_questions: int = 200
 
 
 def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tokenizer:
-    """The configured `.model`, else the one saved in the workdir, else a new one trained on the world."""
+    """The configured `.model`, else the one saved in the workdir, else the one of the run named by
+    `config.init_checkpoint` (its agents' ids), else a new one trained on the world."""
     if config.tokenizer.path:
         return Tokenizer.load(config.tokenizer.path)
     path = os.path.join(workdir, "tokenizer.model") if workdir else None
     if path and os.path.exists(path):
         return Tokenizer.load(path)
+    inherited = os.path.join(config.init_checkpoint, "tokenizer.model") if config.init_checkpoint else None
+    if inherited and os.path.exists(inherited):
+        tokenizer = Tokenizer.load(inherited)
+        if path and jax.process_index() == 0:
+            os.makedirs(workdir, exist_ok=True)
+            tokenizer.save(path)
+        return tokenizer
     tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
                                 **config.tokenizer.trainer_kwargs.to_dict())
     if path and jax.process_index() == 0:
@@ -86,13 +94,26 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
     return tokenizer
 
 
+def _by_process(devices: Sequence) -> list[list]:
+    """The devices grouped by owning process, in process order (one group in a single-process job)."""
+    groups: dict[int, list] = {}
+    for d in devices:
+        groups.setdefault(d.process_index, []).append(d)
+    return [groups[p] for p in sorted(groups)]
+
+
 def agent_devices(names: Sequence[str]) -> dict[str, list]:
-    """Disjoint device subsets per agent when there are enough devices (colocated mode), else shared."""
-    devices = jax.devices()
-    if len(names) > 1 and len(devices) >= len(names) and len(devices) % len(names) == 0:
-        share = len(devices) // len(names)
-        return {name: devices[i * share:(i + 1) * share] for i, name in enumerate(names)}
-    return {name: devices for name in names}
+    """Disjoint device subsets per agent when there are enough devices (colocated mode), else shared.
+
+    Multi-process jobs split every process's own devices, so each agent's mesh spans all processes: every
+    process runs every agent's computations (SPMD), which it can only do with devices of its own in them.
+    """
+    groups = _by_process(jax.devices())
+    k = len(names)
+    if k > 1 and all(len(g) >= k and len(g) % k == 0 for g in groups):
+        return {name: [d for g in groups for d in g[i * (len(g) // k):(i + 1) * (len(g) // k)]]
+                for i, name in enumerate(names)}
+    return {name: jax.devices() for name in names}
 
 
 @dataclasses.dataclass
@@ -153,13 +174,16 @@ def batch_rows(config, name: str) -> list[int]:
 
 
 def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list:
-    """The largest prefix of `devices` whose data-parallel size divides every batch's row count."""
-    for n in range(len(devices), 0, -1):
+    """The largest prefix of `devices` whose data-parallel size divides every batch's row count (in a
+    multi-process job: the same number of devices from each process, so every process keeps some)."""
+    groups = _by_process(devices)
+    per = min(len(g) for g in groups)
+    for n in range(len(groups) * per, 0, -len(groups)):
         if n % fixed_axes == 0 and all(r % (n // fixed_axes) == 0 for r in rows):
             if n < len(devices):
                 log.warning("using %d of %d devices: batches of %s rows do not split over more", n, len(devices),
                             sorted(set(rows)))
-            return devices[:n]
+            return [d for g in groups for d in g[:n // len(groups)]]
     raise ValueError(f"no device count divides batches of {rows} rows with fixed mesh axes of size {fixed_axes}")
 
 
