@@ -288,7 +288,14 @@ class Sampler:
         if self.mesh_rules is None:
             return jnp.asarray(x)
         sharding = self.mesh_rules.sharding(logical, np.shape(x))
-        return jax.device_put(x, sharding)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        # Multi-process: `x` is the same on every process; each places the rows of its own devices.
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = self._put(np.asarray(jax.random.key_data(x)), tuple(logical) + (None,))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     def _cache(self, batch: int, n_slots: int) -> dict:
         cache = self._caches.pop((batch, n_slots), None)
@@ -357,7 +364,16 @@ class Sampler:
             stops = stop_table(sets + [()] * (Bp - n), Bp)
         out = self.generate(tokens, lengths, max_new=max_new, rng=rng, temperature=temp, stop_tokens=stops,
                             budgets=bud)
-        return SampleOutput(*(np.asarray(jax.device_get(a))[:n] for a in out))
+        return SampleOutput(*(to_host(a)[:n] for a in out))
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A (possibly multi-process) global array as one numpy array on every process."""
+    if x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _axes(spec_entry) -> tuple[str, ...]:

@@ -95,13 +95,20 @@ def shard_batch(batch: dict, mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES)
 
 
 def _place(batch: dict, sharding: NamedSharding) -> dict:
-    """Put single-process inputs where the jitted step expects them (a no-op for arrays already there)."""
-    if jax.process_count() > 1:
-        return batch  # global arrays from shard_batch
+    """Put inputs where the jitted step expects them (a no-op for arrays already there).
+
+    Multi-process: global ``jax.Array``s (e.g. from ``shard_batch``) pass through; host arrays are taken as
+    the whole global batch, identical on every process (the trainer's rollouts are), and each process places
+    only the rows of its own devices.
+    """
+    multi = jax.process_count() > 1
     out = {}
     for k, v in batch.items():
-        if isinstance(v, jax.Array) and v.sharding == sharding:
+        if isinstance(v, jax.Array) and (v.sharding == sharding or (multi and not v.is_fully_addressable)):
             out[k] = v
+        elif multi:
+            host = np.asarray(v)
+            out[k] = jax.make_array_from_callback(host.shape, sharding, lambda index, host=host: host[index])
         else:
             out[k] = jax.device_put(v, sharding)
     return out
