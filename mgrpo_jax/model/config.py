@@ -52,6 +52,9 @@ class ModelConfig:
     param_dtype: str = "float32"
     remat: bool = False
     remat_policy: str = "nothing_saveable"  # name in jax.checkpoint_policies
+    # Queries per attention chunk (0: all at once). Long sequences need it: dense scores are [T, S] per head
+    # (32k tokens: 4 GiB per head in float32); chunks of C queries, each rematerialised, need [C, S].
+    attn_chunk: int = 0
     max_position_embeddings: int = 8192  # metadata only (export); RoPE has no table
 
     def __post_init__(self):

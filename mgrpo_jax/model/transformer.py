@@ -186,7 +186,23 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 def attention(q, k, v, mask, cfg: ModelConfig):
     """q ``[B,T,H,Dh]``, k/v ``[B,K,S,Dh]`` (heads-major, the cache layout), mask ``[B,T,S]`` bool
-    -> ``[B,T,H,Dh]``. Scores and softmax in float32; fully masked rows give finite values."""
+    -> ``[B,T,H,Dh]``. Scores and softmax in float32; fully masked rows give finite values.
+
+    With ``cfg.attn_chunk = C`` (and T a multiple of C larger than C) the queries are processed C at a time
+    under ``lax.map``, each chunk rematerialised in the backward pass, so scores never exceed ``[C, S]``."""
+    B, T, H, Dh = q.shape
+    C = cfg.attn_chunk
+    if C and T > C and T % C == 0:
+        n = T // C
+        qs = jnp.swapaxes(q.reshape(B, n, C, H, Dh), 0, 1)
+        ms = jnp.swapaxes(mask.reshape(B, n, C, mask.shape[-1]), 0, 1)
+        one = jax.checkpoint(lambda xs: _dense_attention(xs[0], k, v, xs[1], cfg), prevent_cse=False)
+        o = jax.lax.map(one, (qs, ms))
+        return jnp.swapaxes(o, 0, 1).reshape(B, T, H, Dh)
+    return _dense_attention(q, k, v, mask, cfg)
+
+
+def _dense_attention(q, k, v, mask, cfg: ModelConfig):
     B, T, H, Dh = q.shape
     K = k.shape[1]
     q = q.reshape(B, T, K, H // K, Dh)
