@@ -212,11 +212,15 @@ def _paper(c) -> None:
     c.tokenizer.vocab_size = 32_000
     for agent in (c.main, c.sub, c.single):
         agent.model = "qwen3-8b"
+        # Planned for v5p-128 (64 chips) by the TPU compiler (`python -m mgrpo_jax.bench.plan`, README): FSDP over
+        # 16 x 4-way tensor parallelism, one 32k-token row per row shard per micro-batch, every layer
+        # rematerialised, attention in 1024-query chunks.
         agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 4})
         agent.micro_batches = 8
         agent.optim.lr = 1e-6
         agent.optim.weight_decay = 0.1
-        agent.model_overrides = ml_collections.ConfigDict({"remat": True, "dtype": "bfloat16"})
+        agent.model_overrides = ml_collections.ConfigDict({"remat": True, "dtype": "bfloat16", "attn_chunk": 1024})
+    c.main.micro_batches = 1  # Q*K = 16 rows: one per row shard
     c.main.context_tokens = 32_768
     c.sub.context_tokens = 32_768
     c.single.context_tokens = 32_768
@@ -227,6 +231,7 @@ def _paper(c) -> None:
     c.rollout.d_max = 8
     c.rollout.max_turn_tokens = 1024
     c.warmstart.steps = 0
+    c.warmstart.batch_size = 128  # (no warm start by default) splits over the row shards like the RL batches
     c.train.steps = 100_000
     c.train.eval_every = 25
     c.train.eval_runs = 3
