@@ -1,0 +1,288 @@
+"""Compiled plans for TPU pods, made here without a TPU: per-chip memory of the paper-scale agent's programs.
+
+    python -m mgrpo_jax.bench.plan                 # the paper preset on v5p-128, v5e-64, v6e-64, v6e-256
+    python -m mgrpo_jax.bench.plan --size=small    # a tiny model on a 4-chip v5e, for CI (seconds)
+
+Needs libtpu (`pip install -r requirements-tpu.txt`); jax itself keeps running on the CPU. For each pod
+topology, `jax.experimental.topologies.get_topology_desc` gives the slice's abstract TPU devices, the agent's
+mesh is built over them from the config (`mesh`, sharding rules of mgrpo_jax/model/sharding.py), and three
+programs are lowered with abstract arrays (`jax.ShapeDtypeStruct`s carrying shardings: no weights exist) and
+compiled by the TPU compiler itself:
+
+  train    the agent's jitted policy step (mgrpo_jax/train/step.py) on its RL batch at the full context
+           (every row `context_tokens` long), micro-batched as the config says, state donated;
+  prefill  the sampler's prefill: prompts of `context_tokens - max_turn_tokens` tokens into a donated KV cache;
+  decode   one decode step of the sampler over that cache (the body of its decode loop).
+
+Per-chip bytes come from `compiled.memory_analysis()`: arguments + outputs - aliased (donated) + temporaries
++ code. A program "fits" when that is at most `--fit_fraction` (default 0.9) of the chip's HBM, leaving the
+rest for the runtime, fragmentation and the other programs' buffers; `margin` is the unused fraction of HBM.
+
+The paper preset's sub-agent is the larger of the two (Q*K*D = 128 rows per RL step against the main agent's
+Q*K = 16), so its shapes are planned; the main agent's micro-batches have the same shape (16 rows). The
+vocabulary is the checkpoint's own (151,936 for Qwen3-8B, what `init_from` a real checkpoint gives). Where a
+topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
+one row per shard (the `micro` column). Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding
+
+from mgrpo_jax.bench.common import emit
+from mgrpo_jax.config import get_config
+from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config
+from mgrpo_jax.model.transformer import cache_shape, cache_shardings
+from mgrpo_jax.train.optim import make_optimizer
+from mgrpo_jax.train.state import abstract_agent_state
+from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_policy_step
+
+GIB = 1024**3
+HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v6e": 32.0, "v4": 32.0}
+# name -> topology as get_topology_desc spells it (v5p counts TensorCores in its name: v5p-128 = 64 chips).
+PAPER_TOPOLOGIES = {"v5p-128": "v5p:4x4x4", "v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16"}
+SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
+PROGRAMS = ("train", "prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one agent runs: the model, its mesh (axis -> size, one may be -1) and the batch shapes."""
+
+    model: object
+    mesh: dict
+    optim: object
+    loss: str
+    loss_hparams: dict
+    train_rows: int
+    micro_batches: int
+    seq_len: int
+    sample_rows: int
+    max_new: int
+
+
+def paper_plan(agent: str = "sub") -> Plan:
+    """The `paper` preset's agent (default: the sub-agent, the larger batch) with the checkpoint's vocabulary."""
+    c = get_config("xbench", "paper")
+    a = c[agent]
+    model = get_model_config(a.model, **a.model_overrides.to_dict())
+    rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
+    return Plan(model, a.mesh.to_dict(), a.optim, a.loss, dict(a.loss_hparams), rows, a.micro_batches,
+                a.context_tokens, rows, c.rollout.max_turn_tokens)
+
+
+def small_plan() -> Plan:
+    """A tiny Qwen3-style model and short context: the same programs, compiled in seconds."""
+    c = get_config("xbench", "paper")
+    a = c.sub
+    model = get_model_config("qwen3-8b", vocab_size=2048, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                             head_dim=64, mlp_dim=512, remat=True, dtype="bfloat16", attn_chunk=128)
+    return Plan(model, {"data": 1, "fsdp": -1, "tensor": 2}, a.optim, a.loss, dict(a.loss_hparams), 8, 2, 512,
+                8, 64)
+
+
+def topology_devices(topology: str) -> list:
+    # Compiling needs no TPU, so no exclusive hold on one: several processes may plan at once (test workers).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+
+
+def build_mesh(shape: dict, devices: list) -> Mesh:
+    """The config's mesh over abstract devices, topology-aware when the axis sizes map onto the torus."""
+    names = tuple(shape)
+    sizes = [int(s) for s in shape.values()]
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = len(devices) // math.prod(s for s in sizes if s != -1)
+    if math.prod(sizes) != len(devices):
+        raise ValueError(f"mesh {shape} does not cover {len(devices)} devices")
+    from jax.experimental import mesh_utils
+
+    try:
+        grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+    except (NotImplementedError, ValueError, AssertionError):
+        grid = np.asarray(devices, dtype=object).reshape(sizes)
+    return Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
+
+
+def _abstract(shape, dtype, sharding):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
+    optimizer = make_optimizer(plan.optim)
+    graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, DEFAULT_RULES)
+    step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches)
+    bshard = batch_sharding(mesh)
+    B, T = plan.train_rows, plan.seq_len
+    dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "attention_mask": jnp.bool_, "loss_mask": jnp.float32,
+              "old_logprobs": jnp.float32, "advantages": jnp.float32, "weights": jnp.float32}
+    batch = {k: _abstract((B,) if k in ("advantages", "weights") else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
+    return step.jitted.lower(abs_state, batch)
+
+
+def _sampler_inputs(plan: Plan, mesh: Mesh):
+    optimizer = make_optimizer(plan.optim)
+    graphdef, abs_state, _ = abstract_agent_state(plan.model, optimizer, mesh, DEFAULT_RULES)
+    mr = MeshRules(mesh, tuple(DEFAULT_RULES))
+    B, S = plan.sample_rows, plan.seq_len
+    shapes = cache_shape(plan.model, B, S)
+    shards = cache_shardings(plan.model, B, S, mr)
+    cache = {n: _abstract(shapes[n].shape, shapes[n].dtype, shards[n]) for n in shapes}
+    return graphdef, abs_state.params, cache, mr
+
+
+def lower_prefill(plan: Plan, mesh: Mesh):
+    graphdef, params, cache, mr = _sampler_inputs(plan, mesh)
+    B, P = plan.sample_rows, plan.seq_len - plan.max_new
+    rows = mr.sharding(("act_batch", "act_seq"), (B, P))
+
+    def prefill(params, cache, prompts, lengths):
+        # As Sampler's prefill: every prompt slot at once, then each row's logits at its last prompt token.
+        model = nnx.merge(graphdef, params)
+        pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
+        logits, cache = model(prompts, pos, attention_mask=pos < lengths[:, None], cache=cache,
+                              cache_index=jnp.int32(0))
+        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+        return last, cache
+
+    lengths = _abstract((B,), jnp.int32, mr.sharding(("act_batch",), (B,)))
+    return jax.jit(prefill, donate_argnums=(1,)).lower(params, cache, _abstract((B, P), jnp.int32, rows), lengths)
+
+
+def lower_decode(plan: Plan, mesh: Mesh):
+    graphdef, params, cache, mr = _sampler_inputs(plan, mesh)
+    B = plan.sample_rows
+    one = mr.sharding(("act_batch",), (B,))
+
+    def decode(params, cache, prev, positions, slot):
+        # One iteration of Sampler's decode loop: the previous token of every row into the cache at `slot`.
+        model = nnx.merge(graphdef, params)
+        logits, cache = model(prev[:, None], positions[:, None], attention_mask=jnp.ones((B, 1), jnp.bool_),
+                              cache=cache, cache_index=slot)
+        return logits[:, 0], cache
+
+    scalar = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(decode, donate_argnums=(1,)).lower(
+        params, cache, _abstract((B,), jnp.int32, one), _abstract((B,), jnp.int32, one),
+        _abstract((), jnp.int32, scalar))
+
+
+def per_chip_bytes(compiled) -> dict:
+    m = compiled.memory_analysis()
+    args, out = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
+    alias, temp = int(m.alias_size_in_bytes), int(m.temp_size_in_bytes)
+    code = int(getattr(m, "generated_code_size_in_bytes", 0) or 0)
+    return {"arguments": args, "outputs": out, "aliased": alias, "temporaries": temp, "code": code,
+            "total": args + out - alias + temp + code}
+
+
+def micro_for(plan: Plan, mesh: Mesh) -> int:
+    """The config's micro-batch count, lowered where the mesh has more row shards than its micro-batches have
+    rows (one row per shard then)."""
+    shards = batch_shards(mesh)
+    micro = plan.micro_batches
+    if plan.train_rows % (micro * shards):
+        micro = max(1, plan.train_rows // shards)
+    if plan.train_rows % (micro * shards):
+        raise ValueError(f"{plan.train_rows} rows do not split over {shards} row shards")
+    return micro
+
+
+def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_fraction: float = 0.9) -> list:
+    devices = topology_devices(topology)
+    mesh = build_mesh(plan.mesh, devices)
+    hbm = HBM_GIB[topology.split(":")[0]]
+    micro = micro_for(plan, mesh)
+    rows = []
+    for program in programs:
+        start = time.perf_counter()
+        if program == "train":
+            lowered = lower_train(plan, mesh, micro)
+        elif program == "prefill":
+            lowered = lower_prefill(plan, mesh)
+        else:
+            lowered = lower_decode(plan, mesh)
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        mem = per_chip_bytes(compiled)
+        gib = mem["total"] / GIB
+        rows.append({"topology": name, "chips": len(devices), "mesh": dict(mesh.shape), "program": program,
+                     "micro": micro if program == "train" else None, "gib": gib, "hbm_gib": hbm,
+                     "fits": gib <= fit_fraction * hbm, "margin": 1.0 - gib / hbm, "compile_s": seconds,
+                     "bytes": mem})
+    return rows
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=("paper", "small"), default="paper")
+    parser.add_argument("--topologies", default="", help="comma-separated names (default: all of the size's)")
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--agent", choices=("main", "sub"), default="sub", help="paper size: which agent's shapes")
+    parser.add_argument("--fit_fraction", type=float, default=0.9)
+    parser.add_argument("--model_overrides", default="", help="e.g. attn_chunk=0,remat=False (ints / bools)")
+    args = parser.parse_args(argv)
+
+    table = SMALL_TOPOLOGIES if args.size == "small" else PAPER_TOPOLOGIES
+    names = [n for n in args.topologies.split(",") if n] or list(table)
+    plan = small_plan() if args.size == "small" else paper_plan(args.agent)
+    if args.model_overrides:
+        overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
+        parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
+                  for k, v in overrides.items()}
+        plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, **parsed))
+    programs = tuple(p for p in args.programs.split(",") if p)
+    m = plan.model
+    print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters "
+          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}); train "
+          f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
+          f"{plan.seq_len - plan.max_new} + {plan.max_new} new; mesh {plan.mesh}; fits = at most "
+          f"{args.fit_fraction:.0%} of HBM", flush=True)
+    header = f"{'topology':<9} {'chips':>5} {'mesh (data,fsdp,tensor)':<24} {'program':<8} {'micro':>5} " \
+             f"{'GiB/chip':>9} {'HBM':>5} {'fits':>5} {'margin':>7} {'compile s':>9}"
+    print(header)
+    rows = []
+    for name in names:
+        for row in plan_topology(plan, name, table[name], programs, args.fit_fraction):
+            rows.append(row)
+            mesh = ",".join(str(v) for v in row["mesh"].values())
+            print(f"{row['topology']:<9} {row['chips']:>5} {mesh:<24} {row['program']:<8} "
+                  f"{row['micro'] if row['micro'] else '':>5} {row['gib']:>9.2f} {row['hbm_gib']:>5.0f} "
+                  f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
+
+    prefix = args.size
+    figures = {"size": args.size, "fit_fraction": args.fit_fraction, "params_b": m.num_params() / 1e9,
+               "seq_len": plan.seq_len, "train_rows": plan.train_rows}
+    for row in rows:
+        key = f"{prefix}_{row['program']}_{{}}_{_key(row['topology'])}"
+        figures[key.format("gib_per_chip")] = round(row["gib"], 3)
+        figures[key.format("fits")] = bool(row["fits"])
+        figures[key.format("compile_s")] = round(row["compile_s"], 1)
+        if row["program"] == "train":
+            figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
+    for topo in names:
+        mine = [r for r in rows if r["topology"] == topo]
+        figures[f"{prefix}_fits_{_key(topo)}"] = bool(mine) and all(r["fits"] for r in mine)
+        figures[f"{prefix}_max_gib_per_chip_{_key(topo)}"] = round(max(r["gib"] for r in mine), 3)
+    emit(figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The compiled-plan benchmark at its small size, with the TPU compiler (libtpu; skipped where it is not installed,
+CI installs requirements-tpu.txt): abstract TPU v5e devices, the train step and the sampler's prefill and decode
+compiled for them with no arrays allocated, per-chip memory read from the compiled plans."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("libtpu")
+
+from mgrpo_jax.bench import plan as bench  # noqa: E402
+from mgrpo_jax.train.optim import make_optimizer  # noqa: E402
+from mgrpo_jax.train.state import abstract_agent_state  # noqa: E402
+
+
+def test_small_plans_compile_for_a_tpu_topology_and_account_the_sharded_state():
+    assert jax.default_backend() == "cpu"  # the TPU topology is requested explicitly; JAX itself stays on CPU
+    plan = bench.small_plan()
+    rows = bench.plan_topology(plan, "v5e-4", bench.SMALL_TOPOLOGIES["v5e-4"])
+    assert [r["program"] for r in rows] == list(bench.PROGRAMS)
+    assert all(r["chips"] == 4 and r["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2} for r in rows)
+    devices = bench.topology_devices("v5e:2x2")
+    assert {d.platform for d in devices} == {"tpu"}
+
+    # The train step's arguments are the agent state (params + Adam moments, float32) and the batch, sharded
+    # over the 4 chips: at least a quarter of the state per chip, and less than all of it.
+    _, abs_state, _ = abstract_agent_state(plan.model, make_optimizer(plan.optim),
+                                           bench.build_mesh(plan.mesh, devices))
+    state_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abs_state))
+    train = rows[0]["bytes"]
+    assert state_bytes / 4 <= train["arguments"] < state_bytes
+    assert train["aliased"] > 0  # the state is donated
+    assert rows[0]["micro"] == 2 and all(r["fits"] and 0 < r["gib"] < 1 for r in rows)
+    # The KV cache ([layers, rows, kv_heads, slots, head_dim] bf16, k and v) is an argument of prefill and decode.
+    cache_bytes = 2 * plan.model.n_layers * plan.sample_rows * plan.model.n_kv_heads * plan.seq_len * \
+        plan.model.head_dim * 2
+    for r in rows[1:]:
+        assert r["bytes"]["arguments"] >= cache_bytes / 4
+
+
+def test_benchmark_prints_a_table_and_one_json_line(capsys):
+    figures = bench.main(["--size=small", "--programs=decode"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("v5e-4") and "decode" in line for line in out)
+    parsed = json.loads(out[-1])
+    assert parsed == json.loads(json.dumps(figures))
+    assert parsed["small_fits_v5e4"] is True and parsed["small_decode_gib_per_chip_v5e4"] > 0
