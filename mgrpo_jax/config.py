@@ -67,7 +67,11 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
          "eval_webwalker": 680})
     # Systematic expert noise (fractions of fact types / entities / question kinds the experts get wrong).
     c.env.noise = ml_collections.ConfigDict()
-    c.env.stage2_max_success = 0.5  # stage-2 questions kept when the warm-started system solves <= this
+    # Stage 2 keeps the questions the starting system (stage-1 checkpoint) solves at most this often, estimated
+    # from `stage2_filter_samples` rollouts of each of the first `stage2_filter_pool` questions (1.0: keep all).
+    c.env.stage2_max_success = 0.5
+    c.env.stage2_filter_pool = 256
+    c.env.stage2_filter_samples = 4
     c.env.search_url = ""  # a real search API (HttpSearchBackend); empty: the offline world's BM25
     c.env.visit_url = ""
     c.env.benchmark_path = ""  # real benchmark files for evaluation (see reference/benchmarks.md)
@@ -104,6 +108,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.train.eval_every = 10
     c.train.eval_runs = 3  # avg@3
     c.train.eval_questions = 30  # per evaluation set (0: the whole set)
+    c.train.eval_at_start = False  # also evaluate the starting point (step 0) of a fresh run
     c.train.checkpoint_every = 10
     c.train.log_transcripts = 2
 
@@ -204,7 +209,20 @@ def _local(c) -> None:
 
 
 def _figures(c) -> None:
+    """The paper's figures in miniature (experiments/figures/): the `local` system, a longer warm start shared by
+    every run, stage 1 then stage 2 from one stage-1 checkpoint, avg@3 evaluations on the three held-out sets."""
     _local(c)
+    c.warmstart.steps = 200
+    c.main.warmstart_steps = 300
+    c.single.warmstart_steps = 120  # its 2048-token episodes make each step ~3x the cost of the others'
+    c.train.steps = 16
+    c.train.eval_every = 8
+    c.train.eval_runs = 3  # avg@3, as in the paper
+    c.train.eval_questions = 8
+    c.train.eval_at_start = True
+    c.train.checkpoint_every = 8
+    c.env.stage2_filter_pool = 32
+    c.env.stage2_filter_samples = 2
 
 
 def _paper(c) -> None:

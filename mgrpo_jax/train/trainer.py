@@ -30,6 +30,7 @@ from mgrpo_jax.core import align, d_histogram, degenerate_groups, group_advantag
 from mgrpo_jax.env.benchmarks import load_gaia, load_webwalker, load_xbench
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
+from mgrpo_jax.env.questions import filter_low_success
 from mgrpo_jax.env.scoring import score_benchmark_answer, world_answer_correct
 from mgrpo_jax.rollout import batches, rewards
 from mgrpo_jax.store import open_store
@@ -90,8 +91,77 @@ class Trainer:
     # -- data -------------------------------------------------------------------------------------------
 
     def _training_questions(self):
-        split = self.config.stage
-        return list(self.env.questions.split(split))
+        questions = list(self.env.questions.split(self.config.stage))
+        kept = self._load_curriculum()
+        if kept is not None:
+            by_id = {q.id: q for q in questions}
+            questions = [by_id[i] for i in kept]
+        return questions
+
+    def _curriculum_path(self) -> str:
+        return os.path.join(self.workdir, "curriculum.json")
+
+    def _load_curriculum(self) -> list[str] | None:
+        path = self._curriculum_path()
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)["kept"]
+
+    def filter_curriculum(self) -> dict:
+        """Stage 2 keeps the questions the starting system solves at most `env.stage2_max_success` of the
+        time (the paper filters stage-2 data by the stage-1 model's success), estimated from
+        `env.stage2_filter_samples` rollouts of each of the first `env.stage2_filter_pool` questions. The kept
+        ids go to `workdir/curriculum.json`, so a resumed run serves the same questions."""
+        env_cfg = self.config.env
+        pool = list(self.env.questions.split(self.config.stage))
+        pool = pool[: env_cfg.stage2_filter_pool or None]
+        samples = env_cfg.stage2_filter_samples
+        result = self.engine.run(pool, samples, seed=_seed(self.config.seed, "curriculum"))
+        rates = {q.id: 0.0 for q in pool}
+        for row in result.top:
+            for episode in row:
+                question = pool[episode.question_index]
+                solved = episode.answer is not None and world_answer_correct(episode.answer, question.answer)
+                rates[question.id] += float(solved) / samples
+        kept = filter_low_success(pool, lambda q: rates[q.id], env_cfg.stage2_max_success)
+        if len(kept) < self.config.rollout.queries:
+            raise ValueError(
+                f"stage-2 curriculum: {len(kept)} of {len(pool)} questions have success <= "
+                f"env.stage2_max_success={env_cfg.stage2_max_success}, fewer than rollout.queries="
+                f"{self.config.rollout.queries}; raise the threshold or env.stage2_filter_pool")
+        summary = {"pool": len(pool), "kept": [q.id for q in kept], "samples": samples,
+                   "max_success": env_cfg.stage2_max_success, "mean_success": float(np.mean(list(rates.values())))}
+        if self.is_main_process:
+            with open(self._curriculum_path(), "w") as f:
+                json.dump(summary, f)
+        self.questions = kept
+        self.iterator = question_iterator(kept, batch_size=self.config.rollout.queries, seed=self.config.seed)
+        log.info("stage-2 curriculum: kept %d of %d questions (mean success %.3f)", len(kept), len(pool),
+                 summary["mean_success"])
+        return summary
+
+    def init_from_checkpoint(self, path: str) -> int:
+        """Starts this run from another run's latest checkpoint (stage 2 from stage 1): every agent of this run
+        takes its parameters from there, with a fresh optimizer and no warm start. Returns the source step."""
+        source_dir = path if "://" in path else os.path.abspath(path)
+        source = Checkpointer(source_dir)
+        step = source.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"config.init_checkpoint={path!r}: no checkpoint under {source_dir}/checkpoints")
+        try:
+            states, _ = source.restore({name: agent.state for name, agent in self.agents.items()}, step=step)
+        except (KeyError, ValueError, FileNotFoundError) as e:
+            raise ValueError(f"config.init_checkpoint={path!r} (step {step}) does not hold agents "
+                             f"{sorted(self.agents)} with this run's shapes: {e}") from e
+        finally:
+            source.close()
+        for name, agent in self.agents.items():
+            agent.state = states[name]
+            agent.reset_optimizer(agent.config.optim)
+        self.warm_started = True
+        log.info("initialised %s from %s (step %d)", sorted(self.agents), path, step)
+        return step
 
     def _top_tools(self):
         return self.engine.top.tool_names
@@ -373,9 +443,15 @@ class Trainer:
         summary = {}
         with PreemptionGuard() as guard:
             resumed = self.restore()
-            if not resumed and not self.warm_started:
-                if not self.warm_start(guard):
+            if not resumed:
+                if cfg.init_checkpoint:
+                    self.init_from_checkpoint(cfg.init_checkpoint)
+                elif not self.warm_started and not self.warm_start(guard):
                     return {}
+                if cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
+                    self.filter_curriculum()
+                if cfg.train.eval_at_start:
+                    self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
                 self.save(force=True)
             while self.step < cfg.train.steps:
                 metrics = self.rl_step()

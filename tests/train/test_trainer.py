@@ -4,6 +4,8 @@ an interrupted and resumed run continues with exactly the metrics of an uninterr
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from mgrpo_jax.config import get_config
@@ -83,3 +85,47 @@ def test_real_benchmark_files_are_evaluated_and_transcripts_logged(tmp_path):
     lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
     assert len(lines) == config.train.log_transcripts
     assert {"question", "gold", "turns", "delegations", "end_reason"} <= set(json.loads(lines[0]))
+
+
+@pytest.mark.slow
+def test_stage2_starts_from_the_stage1_checkpoint_with_a_filtered_curriculum(tmp_path):
+    stage1 = tmp_path / "stage1"
+    Trainer(_smoke(steps=1), str(stage1)).run()
+    config = _smoke(steps=1)
+    config.stage = "stage2"
+    config.init_checkpoint = str(stage1)
+    config.env.stage2_filter_pool = 6
+    config.env.stage2_filter_samples = 1
+    config.env.stage2_max_success = 1.0 - 1e-9  # keeps the questions the stage-1 system did not solve
+    config.train.eval_every = 0
+    config.train.eval_at_start = True
+    trainer = Trainer(config, str(tmp_path / "stage2"))
+    trainer.init_from_checkpoint(config.init_checkpoint)
+    source = Trainer(_smoke(steps=1), str(stage1))
+    source.restore()
+    for name, agent in trainer.agents.items():
+        for a, b in zip(jax.tree.leaves(agent.state.params), jax.tree.leaves(source.agents[name].state.params),
+                        strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert int(agent.state.step) == 0  # a fresh RL optimizer
+    assert (tmp_path / "stage2" / "tokenizer.model").read_bytes() == (stage1 / "tokenizer.model").read_bytes()
+
+    trainer.run()
+    curriculum = json.loads((tmp_path / "stage2" / "curriculum.json").read_text())
+    assert curriculum["pool"] == 6 and curriculum["samples"] == 1
+    stage2_ids = {q.id for q in trainer.env.questions.stage2}
+    assert set(curriculum["kept"]) <= stage2_ids and len(curriculum["kept"]) >= config.rollout.queries
+    records = read_jsonl(tmp_path / "stage2" / "metrics.jsonl")
+    assert not any("warmstart_step" in r for r in records)  # no warm start: the stage-1 weights are the start
+    assert [r["step"] for r in records if "step" in r] == [0, 1]
+    assert "eval/eval_gaia/accuracy" in records[0]
+    resumed = Trainer(config, str(tmp_path / "stage2"))  # a resumed run serves the same filtered questions
+    assert [q.id for q in resumed.questions] == curriculum["kept"]
+
+
+def test_init_checkpoint_without_a_checkpoint_is_a_clear_error(tmp_path):
+    config = _smoke(steps=1)
+    config.init_checkpoint = str(tmp_path / "nothing")
+    trainer = Trainer(config, str(tmp_path / "run"))
+    with pytest.raises(FileNotFoundError, match="config.init_checkpoint=.*no checkpoint"):
+        trainer.init_from_checkpoint(config.init_checkpoint)

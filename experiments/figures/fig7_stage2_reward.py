@@ -1,0 +1,39 @@
+"""Fig. 7: stage-2 training reward, `mgrpo` vs `frozen_sub` vs `single_agent`, raw and EMA-smoothed.
+
+    python -m experiments.figures.fig7_stage2_reward [--root runs/figures] [--plot-only]
+
+The reward is the top agent's (the main agent, or the single agent of the baseline): 0.1 * format + 0.9 *
+correct, with the hard format gate. Mean over three seeds, +-1 std band; thin lines raw, thick lines EMA 0.8.
+"""
+
+from __future__ import annotations
+
+from experiments.figures import runs
+
+MODES = ("mgrpo", "frozen_sub", "single_agent")
+FIGURE = "fig7_stage2_reward"
+
+
+def main(argv=None) -> dict:
+    args = runs.parse_args(__doc__, argv)
+    if not args.plot_only:
+        runs.ensure([n for m in MODES for n in runs.stage2(m)], args.root, args.jobs)
+    fig, (ax_reward, ax_correct) = runs.new_figure(2)
+    results = {}
+    for mode in MODES:
+        top = runs.top_name(mode)
+        for ax, key in ((ax_reward, "reward"), (ax_correct, "correct")):
+            steps, values = runs.series(runs.stage2(mode), f"{top}/{key}")
+            runs.band(ax, steps, values, mode, ema=0.8)
+            results[f"{mode}/{key}"] = {"first6": runs.final(values[:, :6], 6), "last6": runs.final(values, 6)}
+    ax_reward.set(xlabel="stage-2 step", ylabel="training reward", title="Stage 2: training reward")
+    ax_correct.set(xlabel="stage-2 step", ylabel="fraction correct", title="Stage 2: correct rollouts")
+    for ax in (ax_reward, ax_correct):
+        ax.legend(fontsize=8)
+    runs.save_png(fig, FIGURE)
+    runs.save_results(FIGURE, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
