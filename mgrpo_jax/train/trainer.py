@@ -470,8 +470,9 @@ class Trainer:
                     break
         self.checkpointer.wait()
         if self.is_main_process:
-            plot_curves(self.writer.jsonl_path, [f"{self.top_name}/reward", "sub/reward"],
-                        os.path.join(self.workdir, "rewards.png"))
+            if self.step > 0:  # a warm-start-only run (train.steps = 0) has no reward curve
+                plot_curves(self.writer.jsonl_path, [f"{self.top_name}/reward", "sub/reward"],
+                            os.path.join(self.workdir, "rewards.png"))
             with open(os.path.join(self.workdir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=1, sort_keys=True)
         return summary
