@@ -63,17 +63,22 @@ class Fifo:
                 raise ValueError(f"append expects Record objects, got {type(rec).__name__}")
         if self._known is None:
             self._scan()
-        added = 0
+        items, idents = [], set()
         for rec in records:
             ident = _identity(rec)
-            if ident in self._known:
+            if ident in self._known or ident in idents:
                 continue
-            key = self._item_key(self._next, rec)
-            self.kv.create(key, rec.encode())  # False only when a lost reply hid our own earlier write
-            self._known.add(ident)
-            self._next += 1
-            added += 1
-        return added
+            items.append((self._item_key(self._next + len(items), rec), rec.encode()))
+            idents.add(ident)
+        try:
+            # Issued concurrently; a False (not created) only means a lost reply hid our own earlier write.
+            self.kv.create_many(items)
+        except Exception:
+            self._known = None  # some may have landed: rescan before the next append
+            raise
+        self._known |= idents
+        self._next += len(items)
+        return len(items)
 
     def size(self) -> int:
         """Number of items ever appended (re-read from the store)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import random
 import time
 from collections.abc import Callable
@@ -13,11 +14,27 @@ T = TypeVar("T")
 # TensorStore raises ValueError whose message starts with the absl status code name.
 _TRANSIENT_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED")
 _TRANSIENT_MARKERS = ("CURL error", "Connection reset", "Could not connect", "Timeout was reached")
+# gcsfs (listing on GCS) raises aiohttp's connection errors once its own retries are spent; they derive from
+# OSError, not ConnectionError. Matched by class name so that this module needs no aiohttp import.
+_TRANSIENT_CLASSES = frozenset({"ClientConnectionError", "ServerDisconnectedError", "ServerTimeoutError"})
+_TRANSIENT_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
+                               errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH})
+_TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: service unavailable, deadlines, throttling, dropped connections."""
+    """True for errors worth retrying: service unavailable, deadlines, throttling, dropped connections.
+
+    Covers TensorStore's status errors, connection errors (refused while a store server restarts, reset),
+    aiohttp's client connection errors and gcsfs's HTTP errors with a retryable status.
+    """
     if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    if any(cls.__name__ in _TRANSIENT_CLASSES for cls in type(exc).__mro__):
+        return True
+    if type(exc).__name__ == "HttpError" and getattr(exc, "code", None) in _TRANSIENT_HTTP:
         return True
     text = str(exc)
     return text.startswith(_TRANSIENT_CODES) or any(m in text for m in _TRANSIENT_MARKERS)
@@ -28,10 +45,12 @@ class RetryPolicy:
     """Exponential back-off for transient errors: ``initial_s · multiplier^n`` (capped, jittered).
 
     Gives up after ``max_attempts`` tries or once ``deadline_s`` seconds have passed since the first try,
-    whichever comes first. The default deadline rides out a store outage of about half a minute.
+    whichever comes first. With the defaults the deadline binds (30 attempts would take ~55 s), so an
+    operation rides out a store outage of about half a minute (tests/store/test_faults.py stops the GCS
+    emulator mid-run and restarts it).
     """
 
-    max_attempts: int = 12
+    max_attempts: int = 30
     initial_s: float = 0.05
     max_delay_s: float = 2.0
     multiplier: float = 2.0

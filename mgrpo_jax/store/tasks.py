@@ -143,20 +143,21 @@ class TaskQueue:
         so two workers never both win one task. Answers do not require a claim.
         """
         check_name("worker", worker)
-        won = []
-        for task in self.pending(step):
-            if limit is not None and len(won) >= limit:
-                break
-            key = self._key(step, "claim", task.id)
-            lease = seal({"worker": worker, "expires": self.clock() + lease_s})
-            raw, generation = self.kv.read(key)
+        pending = self.pending(step)
+        keys = [self._key(step, "claim", task.id) for task in pending]
+        now = self.clock()
+        lease = seal({"worker": worker, "expires": now + lease_s})
+        claimable = []  # (task, key, generation): the reads and the conditional writes each go out at once
+        for task, key, (raw, generation) in zip(pending, keys, self.kv.read_many_stamped(keys), strict=True):
             if raw is not None:
                 held = unseal(raw, url=self.store.url, key=key)
-                if held["worker"] != worker and held["expires"] > self.clock():
+                if held["worker"] != worker and held["expires"] > now:
                     continue
-            if self.kv.write_if(key, lease, generation):
-                won.append(task)
-        return won
+            claimable.append((task, key, generation))
+        if limit is not None:
+            claimable = claimable[:limit]  # a lost race can leave fewer than `limit` won: the caller polls again
+        won = self.kv.write_many_if((key, lease, generation) for _, key, generation in claimable)
+        return [task for (task, _, _), ok in zip(claimable, won, strict=True) if ok]
 
     def answer(self, task: Record, payload: Mapping, *, policy_version: int) -> bool:
         """Posts the answer to ``task``; True if stored, False if the task already had an answer (kept)."""

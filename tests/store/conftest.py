@@ -22,13 +22,13 @@ REPO = HERE.parents[1]
 BUCKET = "mgrpo-test"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-EMULATOR_PORT = _free_port()
+EMULATOR_PORT = free_port()
 EMULATOR_URL = f"http://127.0.0.1:{EMULATOR_PORT}"
 # TensorStore and gcsfs read these from the environment; gcsfs needs them before it is imported.
 os.environ["TENSORSTORE_GCS_HTTP_URL"] = EMULATOR_URL
@@ -39,10 +39,13 @@ os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 BACKENDS = ("memory", "file", "gs")
 
 
-def subprocess_env() -> dict[str, str]:
-    """Environment for child processes: the repo on the path and the emulator settings."""
+def subprocess_env(emulator_url: str | None = None) -> dict[str, str]:
+    """Environment for child processes: the repo on the path and the emulator settings (this session's
+    emulator, or the one at ``emulator_url``)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if emulator_url:
+        env.update({"TENSORSTORE_GCS_HTTP_URL": emulator_url, "STORAGE_EMULATOR_HOST": emulator_url})
     return env
 
 
@@ -53,35 +56,37 @@ def emulator_listening() -> bool:
         return sock.connect_ex(("127.0.0.1", EMULATOR_PORT)) == 0
 
 
+def start_emulator(port: int = EMULATOR_PORT, data_dir: Path | None = None) -> subprocess.Popen:
+    """Starts the patched emulator on ``port`` (on-disk under ``data_dir`` if given); returns once it listens."""
+    cmd = [sys.executable, str(HERE / "emulator_launcher.py"), "--port", str(port), "--bucket", BUCKET]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=subprocess_env())
+    line = proc.stdout.readline()
+    if not line.startswith("READY"):
+        stop_emulator(proc)
+        raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")
+    return proc
+
+
+def stop_emulator(proc: subprocess.Popen) -> None:
+    """SIGTERM (the launcher stops between two requests), then SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def running_emulator():
     """Runs the patched emulator on EMULATOR_PORT while the block runs; yields its base URL."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(HERE / "emulator_launcher.py"),
-            "--port",
-            str(EMULATOR_PORT),
-            "--bucket",
-            BUCKET,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(),
-    )
+    proc = start_emulator()
     try:
-        line = proc.stdout.readline()
-        if not line.startswith("READY"):
-            raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")
         yield EMULATOR_URL
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_emulator(proc)
 
 
 @pytest.fixture(scope="session")

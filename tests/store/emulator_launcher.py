@@ -12,15 +12,20 @@ threads. Then it starts the server:
 
     python tests/store/emulator_launcher.py --port PORT --bucket NAME [--data-dir DIR]
 
-It prints ``READY <port>`` on stdout once the server accepts requests. Without ``--data-dir`` the
-emulator keeps objects in memory.
+It prints ``READY <port>`` on stdout once the server accepts connections (``FAILED ...`` and exit code 1
+if it cannot listen, e.g. the port is taken). Without ``--data-dir`` the emulator keeps objects in memory;
+with it, a restart on the same directory keeps the bucket. SIGTERM stops it between two requests.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import socket
 import sys
+import threading
 import time
 
 
@@ -137,6 +142,9 @@ def patch_generation_headers() -> None:
                 methods[method] = download
 
 
+REQUEST_LOCK = threading.Lock()  # held while a request is handled (see serve_connections_concurrently)
+
+
 def serve_connections_concurrently() -> None:
     """Serve each connection on its own thread, but handle one request at a time.
 
@@ -147,7 +155,6 @@ def serve_connections_concurrently() -> None:
     so the emulator's storage and the precondition checks above see one request at a time.
     """
     import http.server
-    import threading
     import types
 
     from gcp_storage_emulator import server
@@ -156,7 +163,7 @@ def serve_connections_concurrently() -> None:
         daemon_threads = True
         request_queue_size = 128  # socketserver's default backlog of 5 drops bursts of new connections
 
-    lock = threading.Lock()
+    lock = REQUEST_LOCK
     original = getattr(server.Router.handle, "__wrapped_original__", server.Router.handle)
 
     def handle(self, method):
@@ -166,6 +173,18 @@ def serve_connections_concurrently() -> None:
     handle.__wrapped_original__ = original
     server.Router.handle = handle
     server.server = types.SimpleNamespace(HTTPServer=ThreadingServer)
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> bool:
+    """True once the server thread accepts connections (it binds in the background and may fail to)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex((host, port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +210,17 @@ def main(argv: list[str] | None = None) -> int:
     for bucket in args.bucket:
         create_bucket(bucket, srv._storage)  # no-op when it exists (on-disk storage)
     srv.start()
+    if not _wait_listening(args.host, args.port, timeout_s=60):
+        print(f"FAILED to listen on {args.host}:{args.port}", flush=True)
+        return 1
+
+    def stop(signum, frame):
+        # Stop between requests, like a server that goes away: no half-written object or metadata file
+        # (with --data-dir the emulator rewrites its whole metadata file on every change).
+        REQUEST_LOCK.acquire(timeout=30)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     print(f"READY {args.port}", flush=True)
     try:
         while True:

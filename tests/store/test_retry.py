@@ -73,3 +73,27 @@ def test_error_classification():
     assert not is_transient(ValueError("PERMISSION_DENIED: no"))
     with pytest.raises(ValueError, match="invalid RetryPolicy"):
         RetryPolicy(max_attempts=0)
+
+
+def test_outage_errors_of_gcsfs_are_transient():
+    """While a GCS endpoint restarts, gcsfs's listing raises aiohttp's connection error (an OSError, not a
+    ConnectionError) once its own retries are spent: the store must retry it, not give up."""
+    import errno
+
+    import aiohttp
+
+    key = aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, OSError(errno.ECONNREFUSED, "Connect call failed"))
+    assert not isinstance(refused, ConnectionError) and is_transient(refused)
+    assert is_transient(aiohttp.ServerDisconnectedError())
+    assert is_transient(OSError(errno.ECONNREFUSED, "refused"))
+    assert not is_transient(OSError(errno.ENOENT, "no such file"))
+    assert not is_transient(FileNotFoundError("gone"))
+
+
+def test_default_policy_rides_out_half_a_minute():
+    policy = RetryPolicy()
+    delays, total = policy.delays(), 0.0
+    for _ in range(policy.max_attempts - 1):
+        total += next(delays)
+    assert total > policy.deadline_s >= 30  # the deadline, not the attempt count, ends the retries
