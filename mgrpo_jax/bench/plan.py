@@ -153,9 +153,8 @@ def lower_prefill(plan: Plan, mesh: Mesh):
         model = nnx.merge(graphdef, params)
         pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
         logits, cache = model(prompts, pos, attention_mask=pos < lengths[:, None], cache=cache,
-                              cache_index=jnp.int32(0))
-        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-        return last, cache
+                              cache_index=jnp.int32(0), logits_at=lengths - 1)
+        return logits[:, 0], cache
 
     lengths = _abstract((B,), jnp.int32, mr.sharding(("act_batch",), (B,)))
     return jax.jit(prefill, donate_argnums=(1,)).lower(params, cache, _abstract((B, P), jnp.int32, rows), lengths)

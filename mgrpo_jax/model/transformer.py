@@ -276,7 +276,9 @@ class Transformer(nnx.Module):
 
     # -- forward ------------------------------------------------------------------------------------
 
-    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None):
+    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None):
+        """``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
+        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model)."""
         cfg, mr = self.cfg, self.mesh_rules
         cdt = cfg.compute_dtype
         B, T = tokens.shape
@@ -334,6 +336,8 @@ class Transformer(nnx.Module):
                 (layer_params, jnp.arange(cfg.n_layers, dtype=jnp.int32)))
             new_cache = {"k": ck, "v": cv, "mask": slot_mask}
 
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)
         x = rms_norm(x, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
         if cfg.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(cdt),

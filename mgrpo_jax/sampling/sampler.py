@@ -142,8 +142,9 @@ def generate(
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]
-    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=jnp.int32(0))
-    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=jnp.int32(0),
+                          logits_at=prompt_lengths - 1)
+    last = logits[:, 0]
 
     def draw(step, logits_step, done):
         step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)

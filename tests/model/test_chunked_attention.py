@@ -1,5 +1,5 @@
-"""`attn_chunk`: attention over chunks of queries (for long contexts) gives the dense attention's logits, gradients
-and cached decoding."""
+"""Long contexts: `attn_chunk` (attention over chunks of queries) gives the dense attention's logits, gradients
+and cached decoding; `logits_at` (a prefill's last positions only) gives those positions' logits."""
 
 import dataclasses
 
@@ -57,3 +57,15 @@ def test_chunked_prefill_with_a_cache_matches_dense():
         outs.append((np.asarray(logits), np.asarray(step)))
     for a, b in zip(outs[0], outs[1], strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_logits_at_gives_the_full_logits_at_those_positions():
+    dense, chunked = _models()
+    tokens, positions, mask = _inputs()
+    at = jnp.asarray([15, 10], jnp.int32)
+    for model in (dense, chunked):
+        full = np.asarray(model(tokens, positions, attention_mask=mask)[0])
+        cache = model.init_cache(2, 16)
+        some, _ = model(tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0), logits_at=at)
+        assert some.shape == (2, 1, 64)
+        np.testing.assert_allclose(np.asarray(some[:, 0]), full[[0, 1], [15, 10]], rtol=1e-5, atol=1e-5)
