@@ -17,6 +17,8 @@ compiled by the TPU compiler itself:
 Per-chip bytes come from `compiled.memory_analysis()`: arguments + outputs - aliased (donated) + temporaries
 + code. A program "fits" when that is at most `--fit_fraction` (default 0.9) of the chip's HBM, leaving the
 rest for the runtime, fragmentation and the other programs' buffers; `margin` is the unused fraction of HBM.
+Where a program needs more than HBM the TPU compiler refuses it (RESOURCE_EXHAUSTED) and says what it had
+counted: the table shows that as a lower bound (">20.92").
 
 The paper preset's sub-agent is the larger of the two (Q*K*D = 128 rows per RL step against the main agent's
 Q*K = 16), so its shapes are planned; the main agent's micro-batches have the same shape (16 rows). The
@@ -31,6 +33,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import time
 
 import jax
@@ -213,15 +216,32 @@ def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_f
             lowered = lower_prefill(plan, mesh)
         else:
             lowered = lower_decode(plan, mesh)
-        compiled = lowered.compile()
+        try:
+            mem, refused = per_chip_bytes(lowered.compile()), False
+            gib = mem["total"] / GIB
+        except jax.errors.JaxRuntimeError as e:
+            # The TPU compiler refuses a program whose buffers exceed HBM; its message gives what it needed.
+            gib = refused_gib(str(e))
+            if gib is None:
+                raise
+            mem, refused = {}, True
         seconds = time.perf_counter() - start
-        mem = per_chip_bytes(compiled)
-        gib = mem["total"] / GIB
         rows.append({"topology": name, "chips": len(devices), "mesh": dict(mesh.shape), "program": program,
                      "micro": micro if program == "train" else None, "gib": gib, "hbm_gib": hbm,
-                     "fits": gib <= fit_fraction * hbm, "margin": 1.0 - gib / hbm, "compile_s": seconds,
-                     "bytes": mem})
+                     "fits": not refused and gib <= fit_fraction * hbm, "margin": 1.0 - gib / hbm,
+                     "compile_s": seconds, "bytes": mem, "refused": refused})
     return rows
+
+
+def refused_gib(message: str) -> float | None:
+    """GiB named by the compiler's out-of-memory refusal ("... required for HLO temporaries (20.92G) exceeds
+    available HBM (15.75G)"): a lower bound of the program's need (what it had counted when it gave up)."""
+    if "RESOURCE_EXHAUSTED" not in message:
+        return None
+    found = re.search(r"\(([0-9.]+)([KMGT])\) exceeds", message)
+    if not found:
+        return float("nan")
+    return float(found.group(1)) * {"K": 2**-20, "M": 2**-10, "G": 1.0, "T": 2**10}[found.group(2)]
 
 
 def _key(name: str) -> str:
@@ -261,8 +281,9 @@ def main(argv=None) -> dict:
         for row in plan_topology(plan, name, table[name], programs, args.fit_fraction):
             rows.append(row)
             mesh = ",".join(str(v) for v in row["mesh"].values())
+            gib = (">" if row["refused"] else "") + f"{row['gib']:.2f}"  # ">": the compiler refused (out of HBM)
             print(f"{row['topology']:<9} {row['chips']:>5} {mesh:<24} {row['program']:<8} "
-                  f"{row['micro'] if row['micro'] else '':>5} {row['gib']:>9.2f} {row['hbm_gib']:>5.0f} "
+                  f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
                   f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
 
     prefix = args.size
@@ -273,6 +294,7 @@ def main(argv=None) -> dict:
         figures[key.format("gib_per_chip")] = round(row["gib"], 3)
         figures[key.format("fits")] = bool(row["fits"])
         figures[key.format("compile_s")] = round(row["compile_s"], 1)
+        figures[key.format("refused")] = row["refused"]
         if row["program"] == "train":
             figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
     for topo in names:

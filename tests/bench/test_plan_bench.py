@@ -47,3 +47,11 @@ def test_benchmark_prints_a_table_and_one_json_line(capsys):
     parsed = json.loads(out[-1])
     assert parsed == json.loads(json.dumps(figures))
     assert parsed["small_fits_v5e4"] is True and parsed["small_decode_gib_per_chip_v5e4"] > 0
+
+
+def test_an_out_of_memory_refusal_reads_as_a_lower_bound():
+    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+               "(20.92G) exceeds available HBM (15.75G).")
+    assert bench.refused_gib(message) == pytest.approx(20.92)
+    assert bench.refused_gib(message.replace("20.92G", "512.00M")) == pytest.approx(0.5)
+    assert bench.refused_gib("INVALID_ARGUMENT: something else") is None
