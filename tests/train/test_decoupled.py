@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mgrpo_jax.store import open_store
@@ -132,3 +133,67 @@ def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path):
         assert store.read_step(step, "sub").policy_version == step
         assert sorted(store.tasks.answers(step)) == sorted(store.tasks.task_ids(step))
     assert "resumed from step" in (tmp_path / "sub-2.log").read_text()
+
+
+def _warmstart_losses(path: Path, agent: str) -> list[float]:
+    return [r[f"warmstart/{agent}/loss"] for r in read_jsonl(path) if f"warmstart/{agent}/loss" in r]
+
+
+def _questions(path: Path) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for record in read_jsonl(path):
+        out.setdefault(record["step"], set()).add(record["question"])
+    return out
+
+
+@pytest.mark.slow
+def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(tmp_path):
+    """A colocated `smoke` run and a decoupled one (file:// store) with the same seed and flags train on the same
+    number of samples from the same starting weights and questions; their reward statistics differ, and why.
+
+    Equal, and asserted:
+    - the starting weights: `build_agents(only=...)` seeds each agent as in the full run (seed * 100 + agent
+      index) and the warm start draws its demonstrations and batches from per-agent seeds, so each job's
+      warm-start loss curve equals the colocated run's for its agent;
+    - the questions of every step (the question iterator is seeded by `config.seed` in both jobs);
+    - the samples trained on: Q * K main rollouts per step in both; the sub agent trains on the aligned
+      [Q, K, D] slots of the step's sub-trajectories in both (synchronised mode), and every rollout delegates at
+      least once (the scripted first turn), so each job served as many sub-episodes as its main job delegated.
+
+    Different, and why: the sub agent's sampling RNG. Colocated, the rollout engine samples sub-agent turns
+    inside its own loop with the key `_seed(rollout seed, engine iteration, "sub")`, split into one key per row
+    of the batch of sub-episodes live at that iteration; the sub job samples the tasks it claimed with
+    `_seed(seed, "serve", step, tasks already served)` over the batch it claimed. The keys differ, and a row's
+    key depends on its position in a batch whose composition differs too, so the sub-agent's tokens and answers
+    differ. The main agent then reads different answers, and its own later turns are sampled with other keys as
+    well (colocated, a main episode resumes at the engine iteration its sub-episode ended; decoupled, all resume
+    at the next iteration, once every answer of the round is in). From the second sampled token on, the two runs
+    are different samples of the same policies: reward statistics agree in distribution, not value by value.
+    """
+    workdir_c, workdir_d = tmp_path / "colocated" / "run", tmp_path / "decoupled" / "run"
+    workdir_c.parent.mkdir()
+    workdir_d.parent.mkdir()
+    url = (tmp_path / "store").as_uri()
+    _finish(Role("colocated", f"memory://colocated-{os.getpid()}", workdir_c), Role("main", url, workdir_d),
+            Role("sub", url, workdir_d))
+
+    colocated = _steps(workdir_c / "metrics.jsonl")
+    main, sub = _steps(workdir_d / "main" / "metrics.jsonl"), _steps(workdir_d / "sub" / "metrics.jsonl")
+    assert len(colocated) == len(main) == len(sub) == STEPS
+    for agent, run in (("main", workdir_d / "main"), ("sub", workdir_d / "sub")):
+        losses = _warmstart_losses(workdir_c / "metrics.jsonl", agent)
+        assert losses and _warmstart_losses(run / "metrics.jsonl", agent) == pytest.approx(losses, rel=1e-5)
+    assert _questions(workdir_c / "transcripts.jsonl") == _questions(workdir_d / "main" / "transcripts.jsonl")
+    queries, samples = 2, 2  # the smoke preset's Q and K
+    store = open_store(url)
+    for step, (c, m, s) in enumerate(zip(colocated, main, sub, strict=True)):
+        assert c["main/episodes"] == m["main/episodes"] == queries * samples
+        counts = store.read_step(step, "main").array("sub_counts")
+        assert counts.shape == (queries, samples) and counts.min() >= 1
+        assert s["sub/episodes"] == counts.sum() == m["sub/episodes"] >= queries * samples
+        assert c["sub/episodes"] >= queries * samples
+        for key in ("main/train/loss", "sub/train/loss"):
+            assert key in c and key in (m if key.startswith("main") else s)
+        for run in (c, m):
+            assert 0.0 <= run["main/correct"] <= 1.0 and np.isfinite(run["main/reward"])
+        assert np.isfinite(c["sub/reward"]) and np.isfinite(s["sub/reward"])
