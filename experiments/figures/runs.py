@@ -36,6 +36,8 @@ LOGS = os.path.join(HERE, "logs")
 SEEDS = (0, 1, 2)
 STAGE2_MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
 NO_EVAL = (("train.eval_every", 0), ("train.eval_at_start", False))
+# Stage 2 runs 12 steps (evaluations at 0, 6 and 12) to keep the whole set near 2 hours; stage 1 the preset's 16.
+STAGE2 = (("train.steps", 12), ("train.eval_every", 6))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,7 @@ def _registry() -> dict[str, Run]:
     for mode in STAGE2_MODES:
         init = "stage1_single_s0" if mode == "single_agent" else "stage1_mgrpo_s0"
         # Fig. 6 compares mgrpo with frozen_sub only; the other modes skip the (costly) avg@3 evaluations.
-        overrides = () if mode in ("mgrpo", "frozen_sub") else NO_EVAL
+        overrides = STAGE2 if mode in ("mgrpo", "frozen_sub") else STAGE2[:1] + NO_EVAL
         runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, init, overrides) for s in SEEDS]
     return {run.name: run for run in runs}
 
@@ -115,8 +117,23 @@ def collect_log(root: str, name: str) -> str:
     return dst
 
 
+def _owner(root: str, name: str) -> int | None:
+    """The pid of a live process training `name` (its `<root>/<name>.pid`), or None."""
+    try:
+        with open(os.path.join(root, f"{name}.pid")) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return pid
+
+
 def ensure(names, root: str, jobs: int = 2) -> None:
-    """Runs every missing run of `names` (and their parents), up to `jobs` at a time, then collects logs."""
+    """Runs every missing run of `names` (and their parents), up to `jobs` at a time, then collects logs.
+
+    A run already being trained by another invocation (a live pid in `<root>/<run>.pid`) is waited for, not
+    started twice, so figure scripts can be started side by side.
+    """
     todo = [n for n in lineage(names) if not is_done(root, n)]
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     os.makedirs(root, exist_ok=True)
@@ -126,18 +143,25 @@ def ensure(names, root: str, jobs: int = 2) -> None:
             if code is None:
                 continue
             del running[name]
+            os.remove(os.path.join(root, f"{name}.pid"))
             if code != 0 or not is_done(root, name):
                 raise RuntimeError(f"run {name} failed (exit {code}); see {os.path.join(root, name + '.log')}")
             print(f"[figures] {name} done in {time.monotonic() - start:.0f} s", flush=True)
-        ready = [n for n in todo if RUNS[n].init is None or is_done(root, RUNS[n].init)]
+        todo = [n for n in todo if not is_done(root, n)]  # some may have been finished by another invocation
+        ready = [n for n in todo if (RUNS[n].init is None or is_done(root, RUNS[n].init)) and not _owner(root, n)]
         while ready and len(running) < jobs:
             name = ready.pop(0)
             todo.remove(name)
             print(f"[figures] starting {name}", flush=True)
             log = open(os.path.join(root, f"{name}.log"), "a")
             proc = subprocess.Popen(RUNS[name].command(root), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            with open(os.path.join(root, f"{name}.pid"), "w") as f:
+                f.write(str(proc.pid))
             running[name] = (proc, time.monotonic())
-        if running:
+        waiting = [n for n in todo if _owner(root, n) or (RUNS[n].init and not is_done(root, RUNS[n].init))]
+        if not running and todo and not any(_owner(root, n) for n in lineage(todo) if not is_done(root, n)):
+            raise RuntimeError(f"runs {todo} cannot start: a run they start from is neither finished nor running")
+        if running or waiting:
             time.sleep(2)
     for name in lineage(names):
         collect_log(root, name)
