@@ -21,15 +21,22 @@ BEFORE, AFTER = "stage1_mgrpo_s0", "stage2_mgrpo_s0"
 OUT = os.path.join(runs.HERE, "case_studies.md")
 
 
-def transcripts(root: str, run: str, questions: int, seed: int = 0) -> list:
-    config = get_config("xbench", "figures")
+def rollouts(root: str, run: str, questions: int, samples: int = 1, seed: int = 0, temperature: float | None = None):
+    """`samples` rollouts of the system saved by `run` on the first validation questions: (questions, batch)."""
+    config = get_config("xbench", f"figures,{runs.RUNS[run].mode}")
     config.init_checkpoint = runs.workdir(root, run)
     config.train.log_transcripts = 0
+    if temperature is not None:
+        config.rollout.temperature = temperature
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(config, scratch)
         trainer.init_from_checkpoint(config.init_checkpoint)
         chosen = list(trainer.env.questions.validation[:questions])
-        result = trainer.engine.run(chosen, 1, seed=seed)
+        return chosen, trainer.engine.run(chosen, samples, seed=seed)
+
+
+def transcripts(root: str, run: str, questions: int, seed: int = 0) -> list:
+    chosen, result = rollouts(root, run, questions, seed=seed)
     return [(chosen[row[0].question_index], row[0]) for row in result.top]
 
 
