@@ -15,12 +15,16 @@ from experiments.figures import runs
 FIGURE = "dk_histogram"
 
 
+def dk_rows(name: str) -> list[dict]:
+    """A run's RL steps that logged a d_k histogram (not the evaluation-only row of step 0)."""
+    return [row for row in runs.rl_rows(name) if "d_k/hist/0" in row]
+
+
 def histogram(names, steps: slice | None = None) -> np.ndarray:
     """Summed d_k counts (entry i: rollouts with i sub-calls, the last bin open-ended) of the runs' RL steps."""
     total = None
     for name in names:
-        rows = runs.rl_rows(name)[steps or slice(None)]
-        for row in rows:
+        for row in dk_rows(name)[steps or slice(None)]:
             bins = sorted(int(k.rsplit("/", 1)[1]) for k in row if k.startswith("d_k/hist/"))
             counts = np.asarray([row[f"d_k/hist/{i}"] for i in bins], np.int64)
             total = counts if total is None else total + counts
@@ -40,7 +44,7 @@ def main(argv=None) -> dict:
     names = runs.stage2("mgrpo")
     if not args.plot_only:
         runs.ensure(names, args.root, args.jobs)
-    half = len(runs.rl_rows(names[0])) // 2
+    half = len(dk_rows(names[0])) // 2
     parts = {"first half": histogram(names, slice(0, half)), "second half": histogram(names, slice(half, None))}
     everything = parts["first half"] + parts["second half"]
     p99 = percentile(everything, 0.99)

@@ -81,3 +81,10 @@ def test_figure_draws_from_logs_only(fake_logs):
     saved = json.loads((fake_logs.parent / "results" / "fig7_stage2_reward.json").read_text())
     assert saved["mgrpo/reward"]["last6"] == pytest.approx(list(results["mgrpo/reward"]["last6"]))
     assert set(saved) == {f"{m}/{k}" for m in fig7_stage2_reward.MODES for k in ("reward", "correct")}
+
+
+def test_dk_histogram_skips_evaluation_only_rows(fake_logs):
+    _write_logs(fake_logs, "z", [{"step": 0, "eval/eval_gaia/accuracy": 0.0},
+                                 {"step": 1, "d_k/hist/0": 2, "d_k/hist/1": 2}])
+    assert dk_histogram.histogram(["z"]).tolist() == [2, 2]
+    assert len(dk_histogram.dk_rows("z")) == 1
