@@ -23,7 +23,8 @@ OUT = os.path.join(runs.HERE, "case_studies.md")
 
 def rollouts(root: str, run: str, questions: int, samples: int = 1, seed: int = 0, temperature: float | None = None):
     """`samples` rollouts of the system saved by `run` on the first validation questions: (questions, batch)."""
-    config = get_config("xbench", f"figures,{runs.RUNS[run].mode}")
+    mode = runs.RUNS[run].mode if run in runs.RUNS else "mgrpo"  # a probe run outside the registry: the system
+    config = get_config("xbench", f"figures,{mode}")
     config.init_checkpoint = runs.workdir(root, run)
     config.train.log_transcripts = 0
     if temperature is not None:

@@ -20,12 +20,14 @@ def main(argv=None) -> dict:
         runs.ensure([n for m in MODES for n in runs.stage2(m)], args.root, args.jobs)
     fig, (ax_reward, ax_correct) = runs.new_figure(2)
     results = {}
-    for mode in MODES:
-        top = runs.top_name(mode)
-        for ax, key in ((ax_reward, "reward"), (ax_correct, "correct")):
-            steps, values = runs.series(runs.stage2(mode), f"{top}/{key}")
+    for ax, key in ((ax_reward, "reward"), (ax_correct, "correct")):
+        curves = {}
+        for mode in MODES:
+            steps, values = runs.series(runs.stage2(mode), f"{runs.top_name(mode)}/{key}")
             runs.band(ax, steps, values, mode, ema=0.8)
             results[f"{mode}/{key}"] = {"first6": runs.final(values[:, :6], 6), "last6": runs.final(values, 6)}
+            curves[mode] = values
+        results[f"identical/{key}"] = runs.note_identical(ax, curves)
     ax_reward.set(xlabel="stage-2 step", ylabel="training reward", title="Stage 2: training reward")
     ax_correct.set(xlabel="stage-2 step", ylabel="fraction correct", title="Stage 2: correct rollouts")
     for ax in (ax_reward, ax_correct):

@@ -21,10 +21,14 @@ def main(argv=None) -> dict:
     fig, axes = runs.new_figure(2)
     results = {}
     for ax, key in zip(axes, ("main/reward", "sub/reward"), strict=True):
+        curves = {}
         for mode in MODES:
+            label = "synchronised" if mode == "mgrpo" else "unsynchronised"
             steps, values = runs.series(runs.stage2(mode), key)
-            runs.band(ax, steps, values, "synchronised" if mode == "mgrpo" else "unsynchronised", ema=0.8)
+            runs.band(ax, steps, values, label, ema=0.8)
             results[f"{mode}/{key}"] = {"first6": runs.final(values[:, :6], 6), "last6": runs.final(values, 6)}
+            curves[label] = values
+        results[f"identical/{key}"] = runs.note_identical(ax, curves)
         ax.set(xlabel="stage-2 step", ylabel=key, title=f"Stage 2: {key}")
         ax.legend(fontsize=8)
     runs.save_png(fig, FIGURE)

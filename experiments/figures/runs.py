@@ -216,6 +216,24 @@ def band(ax, steps, values, label: str, color=None, ema: float | None = None, ra
     ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
 
 
+def note_identical(ax, curves: dict) -> list[list[str]]:
+    """Says on the plot which curves coincide exactly (the later one hides the earlier); returns those groups."""
+    groups: list[list[str]] = []
+    for label, values in curves.items():
+        for group in groups:
+            first = curves[group[0]]
+            if first.shape == values.shape and np.array_equal(first, values):
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    same = [g for g in groups if len(g) > 1]
+    if same:
+        text = "\n".join(" = ".join(g) + " at every step" for g in same)
+        ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom")
+    return same
+
+
 def new_figure(ncols: int = 1, width: float = 5.5, height: float = 4.0):
     import matplotlib
 

@@ -80,7 +80,8 @@ def test_figure_draws_from_logs_only(fake_logs):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((fake_logs.parent / "results" / "fig7_stage2_reward.json").read_text())
     assert saved["mgrpo/reward"]["last6"] == pytest.approx(list(results["mgrpo/reward"]["last6"]))
-    assert set(saved) == {f"{m}/{k}" for m in fig7_stage2_reward.MODES for k in ("reward", "correct")}
+    assert set(saved) == {f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical") for k in ("reward", "correct")}
+    assert saved["identical/reward"] == []  # independent random curves
 
 
 def test_dk_histogram_skips_evaluation_only_rows(fake_logs):
