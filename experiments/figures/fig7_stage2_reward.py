@@ -21,17 +21,11 @@ def main(argv=None) -> dict:
     fig, (ax_reward, ax_correct) = runs.new_figure(2)
     results = {}
     for ax, key in ((ax_reward, "reward"), (ax_correct, "correct")):
-        curves = {}
-        for mode in MODES:
-            steps, values = runs.series(runs.stage2(mode), f"{runs.top_name(mode)}/{key}")
-            runs.band(ax, steps, values, mode, ema=0.8)
-            results[f"{mode}/{key}"] = {"first6": runs.final(values[:, :6], 6), "last6": runs.final(values, 6)}
-            curves[mode] = values
-        results[f"identical/{key}"] = runs.note_identical(ax, curves)
+        out = runs.compare(ax, {mode: (runs.stage2(mode), f"{runs.top_name(mode)}/{key}") for mode in MODES})
+        results.update({f"{mode}/{key}": out[mode] for mode in MODES})
+        results[f"identical/{key}"] = out["identical"]
     ax_reward.set(xlabel="stage-2 step", ylabel="training reward", title="Stage 2: training reward")
     ax_correct.set(xlabel="stage-2 step", ylabel="fraction correct", title="Stage 2: correct rollouts")
-    for ax in (ax_reward, ax_correct):
-        ax.legend(fontsize=8)
     runs.save_png(fig, FIGURE)
     runs.save_results(FIGURE, results)
     return results

@@ -20,17 +20,12 @@ def main(argv=None) -> dict:
         runs.ensure([n for m in MODES for n in runs.stage2(m)], args.root, args.jobs)
     fig, axes = runs.new_figure(2)
     results = {}
+    labels = {"mgrpo": "synchronised", "mgrpo_unsync": "unsynchronised"}
     for ax, key in zip(axes, ("main/reward", "sub/reward"), strict=True):
-        curves = {}
-        for mode in MODES:
-            label = "synchronised" if mode == "mgrpo" else "unsynchronised"
-            steps, values = runs.series(runs.stage2(mode), key)
-            runs.band(ax, steps, values, label, ema=0.8)
-            results[f"{mode}/{key}"] = {"first6": runs.final(values[:, :6], 6), "last6": runs.final(values, 6)}
-            curves[label] = values
-        results[f"identical/{key}"] = runs.note_identical(ax, curves)
+        out = runs.compare(ax, {labels[mode]: (runs.stage2(mode), key) for mode in MODES})
+        results.update({f"{mode}/{key}": out[labels[mode]] for mode in MODES})
+        results[f"identical/{key}"] = out["identical"]
         ax.set(xlabel="stage-2 step", ylabel=key, title=f"Stage 2: {key}")
-        ax.legend(fontsize=8)
     runs.save_png(fig, FIGURE)
     runs.save_results(FIGURE, results)
     return results

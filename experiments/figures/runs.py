@@ -234,6 +234,22 @@ def note_identical(ax, curves: dict) -> list[list[str]]:
     return same
 
 
+def compare(ax, groups: dict, ema: float = 0.8, window: int = 6) -> dict:
+    """Plots each labelled group of runs, `{label: (run names, metric key)}`, as a mean band with its EMA.
+
+    Returns `{label: {"first<window>": (mean, std), "last<window>": (mean, std)}, "identical": [[labels]]}`.
+    """
+    out, curves = {}, {}
+    for label, (names, key) in groups.items():
+        steps, values = series(names, key)
+        band(ax, steps, values, label, ema=ema)
+        out[label] = {f"first{window}": final(values[:, :window], window), f"last{window}": final(values, window)}
+        curves[label] = values
+    out["identical"] = note_identical(ax, curves)
+    ax.legend(fontsize=8)
+    return out
+
+
 def new_figure(ncols: int = 1, width: float = 5.5, height: float = 4.0):
     import matplotlib
 
