@@ -3,8 +3,8 @@
     python -m experiments.figures.run_all [--root runs/figures] [--jobs 2] [--plot-only]
 
 Trains every run the figures need (experiments/figures/runs.py), two at a time by default, then draws Figs.
-5-8 and the d_k histogram and writes the case studies. Interrupt it at any point and start it again: finished
-runs are kept, unfinished ones resume from their last checkpoint.
+5-8, the d_k histogram and the longer-warm-start follow-up, and writes the case studies. Interrupt it at any
+point and start it again: finished runs are kept, unfinished ones resume from their last checkpoint.
 """
 
 from __future__ import annotations

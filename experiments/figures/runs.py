@@ -70,6 +70,13 @@ def _registry() -> dict[str, Run]:
         # Fig. 6 compares mgrpo with frozen_sub only; the other modes skip the (costly) avg@3 evaluations.
         overrides = STAGE2 if mode in ("mgrpo", "frozen_sub") else STAGE2[:1] + NO_EVAL
         runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, init, overrides) for s in SEEDS]
+    # Follow-up (experiments/figures/longer_warmstart.py): the sub-agent's 200-step warm start never yields a
+    # protocol-valid episode, so R_S = 0 and co-training has nothing to learn from. A 600-step one does; stage 2
+    # runs straight from it (no stage 1), co-trained vs frozen sub-agent.
+    runs.append(Run("warm_mgrpo_sub600", "mgrpo", "stage1", overrides=warm + (("warmstart.steps", 600),)))
+    for mode in ("mgrpo", "frozen_sub"):
+        runs += [Run(f"sub600_stage2_{mode}_s{s}", mode, "stage2", s, "warm_mgrpo_sub600", STAGE2[:1] + NO_EVAL)
+                 for s in SEEDS]
     return {run.name: run for run in runs}
 
 

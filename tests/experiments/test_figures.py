@@ -9,8 +9,9 @@ from experiments.figures import dk_histogram, fig7_stage2_reward, runs
 
 
 def test_every_stage2_run_of_a_system_starts_from_one_stage1_checkpoint():
-    inits = {run.init for run in runs.RUNS.values() if run.stage == "stage2" and run.mode != "single_agent"}
-    assert inits == {"stage1_mgrpo_s0"}
+    main_set = [r for r in runs.RUNS.values() if r.name.startswith("stage2_") and r.mode != "single_agent"]
+    assert {run.init for run in main_set} == {"stage1_mgrpo_s0"} and len(main_set) == 9
+    assert runs.lineage(["sub600_stage2_frozen_sub_s2"]) == ["warm_mgrpo_sub600", "sub600_stage2_frozen_sub_s2"]
     assert {runs.RUNS[n].init for n in runs.stage2("single_agent")} == {"stage1_single_s0"}
     for mode in runs.STAGE2_MODES:
         assert sorted(runs.RUNS[n].seed for n in runs.stage2(mode)) == [0, 1, 2]
