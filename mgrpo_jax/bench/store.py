@@ -343,6 +343,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_emulator(proc: subprocess.Popen) -> None:
+    """SIGTERM (the launcher stops between two requests), then SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def gcs_emulator():
     """Starts the patched `gcp-storage-emulator` (the store tests' launcher) and points the store at it."""
@@ -364,12 +374,7 @@ def gcs_emulator():
             raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")
         yield f"gs://{BUCKET}/bench-{uuid.uuid4().hex[:8]}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_emulator(proc)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -82,12 +82,9 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
     inherited = os.path.join(config.init_checkpoint, "tokenizer.model") if config.init_checkpoint else None
     if inherited and os.path.exists(inherited):
         tokenizer = Tokenizer.load(inherited)
-        if path and jax.process_index() == 0:
-            os.makedirs(workdir, exist_ok=True)
-            tokenizer.save(path)
-        return tokenizer
-    tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
-                                **config.tokenizer.trainer_kwargs.to_dict())
+    else:
+        tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
+                                    **config.tokenizer.trainer_kwargs.to_dict())
     if path and jax.process_index() == 0:
         os.makedirs(workdir, exist_ok=True)
         tokenizer.save(path)

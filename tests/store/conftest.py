@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from mgrpo_jax.bench.store import stop_emulator
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BUCKET = "mgrpo-test"
@@ -67,16 +69,6 @@ def start_emulator(port: int = EMULATOR_PORT, data_dir: Path | None = None) -> s
         stop_emulator(proc)
         raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")
     return proc
-
-
-def stop_emulator(proc: subprocess.Popen) -> None:
-    """SIGTERM (the launcher stops between two requests), then SIGKILL if it lingers."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @contextlib.contextmanager
