@@ -142,7 +142,7 @@ def _sampler_inputs(plan: Plan, mesh: Mesh):
     B, S = plan.sample_rows, plan.seq_len
     shapes = cache_shape(plan.model, B, S)
     shards = cache_shardings(plan.model, B, S, mr)
-    cache = {n: _abstract(shapes[n].shape, shapes[n].dtype, shards[n]) for n in shapes}
+    cache = jax.tree.map(lambda s, sh: _abstract(s.shape, s.dtype, sh), shapes, shards)
     return graphdef, abs_state.params, cache, mr
 
 

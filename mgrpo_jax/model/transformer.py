@@ -17,13 +17,16 @@ Call convention::
 
 Cache pytree (a dict)::
 
-    {'k': [L, B, K, S, Dh], 'v': [L, B, K, S, Dh]  (heads-major; compute dtype; keys after RoPE),
-     'mask': [B, S] bool  (slot holds a real key)}
+    {'k': L x [B, K, S, Dh], 'v': L x [B, K, S, Dh]  (tuples, one buffer per layer; heads-major;
+     compute dtype; keys after RoPE), 'mask': [B, S] bool  (slot holds a real key)}
 
-Parameters are stored stacked over layers (leading ``L`` axis) and the layers run under
-``jax.lax.scan``, so compile time does not grow with depth. Each parameter carries ``logical_axes``
-metadata used by :mod:`mgrpo_jax.model.sharding`. RoPE uses the Hugging Face "rotate_half" layout
-(first half / second half of each head), so HF checkpoints load without permutation.
+Parameters are stored stacked over layers (leading ``L`` axis). Without a cache the layers run under
+``jax.lax.scan`` (compile time flat in depth) or unrolled (``cfg.scan_layers``); with a cache they are
+unrolled over the per-layer KV buffers, so each layer updates its buffer in place and attention reads it
+where it lies. Projections go through ``dense`` (a hand-written backward pass, see there). Each
+parameter carries ``logical_axes`` metadata used by :mod:`mgrpo_jax.model.sharding`. RoPE uses the
+Hugging Face "rotate_half" layout (first half / second half of each head), so HF checkpoints load
+without permutation.
 """
 
 from __future__ import annotations
@@ -204,15 +207,51 @@ def attention(q, k, v, mask, cfg: ModelConfig):
 
 def _dense_attention(q, k, v, mask, cfg: ModelConfig):
     B, T, H, Dh = q.shape
-    K = k.shape[1]
-    q = q.reshape(B, T, K, H // K, Dh)
-    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * cfg.attn_scale
+    K, S = k.shape[1], k.shape[2]
+    G = H // K
+    # Queries grouped per KV head as rows of one matrix [B, K, G*T, Dh], so both products are plain batched
+    # matmuls in their operands' own layouts (XLA:CPU runs a product whose output order differs from its
+    # operands' as a slow transposing loop instead of a library matmul).
+    qg = jnp.transpose(q.reshape(B, T, K, G, Dh), (0, 2, 3, 1, 4)).reshape(B, K, G * T, Dh)
+    s = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=jnp.float32) * cfg.attn_scale
     if cfg.attn_logit_softcap is not None:
         s = cfg.attn_logit_softcap * jnp.tanh(s / cfg.attn_logit_softcap)
-    s = jnp.where(mask[:, None, None, :, :], s, _NEG_INF)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bksd->btkgd", p, v)
-    return o.reshape(B, T, H, Dh)
+    s = jnp.where(mask[:, None, None, :, :], s.reshape(B, K, G, T, S), _NEG_INF)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
+    o = jnp.einsum("bkqs,bksd->bkqd", p, v)
+    return jnp.transpose(o.reshape(B, K, G, T, Dh), (0, 3, 1, 2, 4)).reshape(B, T, H, Dh)
+
+
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """Contract the last ``n_in`` axes of ``x`` with the first ``n_in`` axes of ``w`` (a projection).
+
+    Same values as the ``einsum``; the backward pass (``_dense_bwd``) forms the weight gradient as
+    ``x^T @ g`` with the activation first, so XLA transposes the activation when it is the narrower
+    operand. JAX's own rule emits ``(g^T @ x)^T``, and XLA:CPU then materialises ``g`` transposed: for the
+    MLP that is a [tokens, mlp_dim] strided copy that costs more than the matmul it feeds.
+    """
+    lead, k_shape, m_shape = x.shape[:-n_in], w.shape[:n_in], w.shape[n_in:]
+    y = _dense2d(x.reshape(-1, math.prod(k_shape)), w.reshape(math.prod(k_shape), -1))
+    return y.reshape(*lead, *m_shape)
+
+
+@jax.custom_vjp
+def _dense2d(x, w):
+    return jnp.dot(x, w, preferred_element_type=x.dtype)
+
+
+def _dense_fwd(x, w):
+    return _dense2d(x, w), (x, w)
+
+
+def _dense_bwd(res, g):
+    x, w = res
+    dx = jnp.dot(g, w.T, preferred_element_type=x.dtype)
+    dw = jax.lax.dot_general(x, g, (((0,), (0,)), ((), ())), preferred_element_type=w.dtype)
+    return dx, dw
+
+
+_dense2d.defvjp(_dense_fwd, _dense_bwd)
 
 
 def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update):
@@ -222,9 +261,9 @@ def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, 
     eps, p1 = cfg.norm_eps, cfg.norm_plus_one
 
     h = rms_norm(x, lp["attn_norm"], eps, p1)
-    q = jnp.einsum("btd,dhk->bthk", h, w["q"])
-    k = jnp.einsum("btd,dhk->bthk", h, w["k"])
-    v = jnp.einsum("btd,dhk->bthk", h, w["v"])
+    q = dense(h, w["q"])
+    k = dense(h, w["k"])
+    v = dense(h, w["v"])
     if cfg.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = constrain(q, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
@@ -239,15 +278,15 @@ def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, 
     k_all, v_all, kv_state = kv_update(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
     o = attention(q, k_all, v_all, mask, cfg)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
-    x = x + jnp.einsum("bthk,hkd->btd", o, w["o"])
+    x = x + dense(o, w["o"], 2)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
 
     h = rms_norm(x, lp["mlp_norm"], eps, p1)
-    g = jnp.einsum("btd,df->btf", h, w["gate"])
-    u = jnp.einsum("btd,df->btf", h, w["up"])
+    g = dense(h, w["gate"])
+    u = dense(h, w["up"])
     act = jax.nn.silu(g) if cfg.mlp_activation == "silu" else jax.nn.gelu(g, approximate=True)
     m = constrain(act * u, ("act_batch", "act_seq", "act_mlp"), mr)
-    x = x + jnp.einsum("btf,fd->btd", m, w["down"])
+    x = x + dense(m, w["down"])
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
     return x, kv_state
 
@@ -276,9 +315,19 @@ class Transformer(nnx.Module):
 
     # -- forward ------------------------------------------------------------------------------------
 
-    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None):
+    def layer_list(self) -> list[dict[str, jax.Array]]:
+        """Each layer's parameters, sliced out of the stacked arrays (pass them back as ``layers=``)."""
+        stacked = self.layers.arrays()
+        return [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.n_layers)]
+
+    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None,
+                 layers=None):
         """``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
-        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model)."""
+        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model).
+
+        ``layers``: this model's ``layer_list()``, computed once outside a loop that calls the model many times
+        (the sampler's decode loop). An unrolled forward slices each layer's weights out of the stacked
+        arrays, and XLA does not hoist those copies out of a ``while`` loop by itself."""
         cfg, mr = self.cfg, self.mesh_rules
         cdt = cfg.compute_dtype
         B, T = tokens.shape
@@ -292,6 +341,8 @@ class Transformer(nnx.Module):
         x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
         sin, cos = rope_sin_cos(positions, cfg)
         layer_params = self.layers.arrays()
+        if layers is None and (cache is not None or not cfg.scan_layers):
+            layers = self.layer_list()
 
         if cache is None:
             causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
@@ -304,7 +355,11 @@ class Transformer(nnx.Module):
             if cfg.remat:
                 policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
                 body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-            x, _ = jax.lax.scan(body, x, layer_params)
+            if cfg.scan_layers:
+                x, _ = jax.lax.scan(body, x, layer_params)
+            else:
+                for lp in layers:
+                    x, _ = body(x, lp)
             new_cache = None
         else:
             if cache_index is None:
@@ -316,25 +371,19 @@ class Transformer(nnx.Module):
             q_slot = idx + jnp.arange(T, dtype=jnp.int32)
             mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
 
-            def body(carry, xs):
-                x, ck, cv = carry
-                lp, i = xs
+            # Layers unrolled over per-layer cache buffers: each layer's update is in place and attention
+            # reads its keys where they lie (a scan would slice a copy of every layer's cache per token).
+            ks, vs = list(cache["k"]), list(cache["v"])
+            for i, lp in enumerate(layers):
 
-                def kv_update(k, v):
-                    at = (i, zero, zero, idx, zero)
-                    nk = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), at)
-                    nv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), at)
-                    k_all = jax.lax.dynamic_index_in_dim(nk, i, 0, keepdims=False).astype(cdt)
-                    v_all = jax.lax.dynamic_index_in_dim(nv, i, 0, keepdims=False).astype(cdt)
-                    return k_all, v_all, (nk, nv)
+                def kv_update(k, v, i=i):
+                    at = (zero, zero, idx, zero)
+                    nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), at)
+                    nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), at)
+                    return nk.astype(cdt), nv.astype(cdt), (nk, nv)
 
-                x, (ck, cv) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update)
-                return (x, ck, cv), None
-
-            (x, ck, cv), _ = jax.lax.scan(
-                body, (x, cache["k"], cache["v"]),
-                (layer_params, jnp.arange(cfg.n_layers, dtype=jnp.int32)))
-            new_cache = {"k": ck, "v": cv, "mask": slot_mask}
+                x, (ks[i], vs[i]) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update)
+            new_cache = {"k": tuple(ks), "v": tuple(vs), "mask": slot_mask}
 
         if logits_at is not None:
             x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)
@@ -356,8 +405,8 @@ class Transformer(nnx.Module):
 
 
 CACHE_AXES = {
-    "k": ("cache_layers", "cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
-    "v": ("cache_layers", "cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
+    "k": ("cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),  # each layer's entry
+    "v": ("cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
     "mask": ("cache_batch", "cache_slots"),
 }
 
@@ -365,15 +414,16 @@ CACHE_AXES = {
 def cache_shape(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     """``jax.ShapeDtypeStruct`` pytree of the cache (no allocation)."""
     dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
-    kv = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
-    return {"k": jax.ShapeDtypeStruct(kv, dt), "v": jax.ShapeDtypeStruct(kv, dt),
+    kv = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, max_len, cfg.head_dim), dt)
+    return {"k": (kv,) * cfg.n_layers, "v": (kv,) * cfg.n_layers,
             "mask": jax.ShapeDtypeStruct((batch, max_len), jnp.bool_)}
 
 
 def cache_shardings(cfg: ModelConfig, batch: int, max_len: int, mesh_rules: MeshRules) -> dict:
     """NamedSharding per cache entry (batch over data x fsdp, KV heads over tensor)."""
     shapes = cache_shape(cfg, batch, max_len)
-    return {n: mesh_rules.sharding(CACHE_AXES[n], shapes[n].shape) for n in shapes}
+    return {n: jax.tree.map(lambda s, n=n: mesh_rules.sharding(CACHE_AXES[n], s.shape), shapes[n])
+            for n in shapes}
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None,
@@ -381,7 +431,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None,
     shapes = cache_shape(cfg, batch, max_len, dtype)
 
     def make():
-        return {n: jnp.zeros(s.shape, s.dtype) for n, s in shapes.items()}
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     if mesh_rules is None:
         return make()

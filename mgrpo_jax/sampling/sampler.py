@@ -139,11 +139,13 @@ def generate(
     # Slots left over from an earlier call are never read: the query at slot s only attends to slots
     # <= s, and every one of those is (re)written by this call before it is read.
 
+    # Each layer's weights sliced once, not once per token inside the decode loop.
+    layers = model.layer_list()
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]
     logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=jnp.int32(0),
-                          logits_at=prompt_lengths - 1)
+                          logits_at=prompt_lengths - 1, layers=layers)
     last = logits[:, 0]
 
     def draw(step, logits_step, done):
@@ -184,7 +186,7 @@ def generate(
         slot = P + step - 1
         positions = (prompt_lengths + step - 1)[:, None]
         logits, cache = model(prev_tok[:, None], positions, attention_mask=jnp.ones((B, 1), jnp.bool_),
-                              cache=cache, cache_index=slot)
+                              cache=cache, cache_index=slot, layers=layers)
         tok, lp = draw(step, logits[:, 0], rec[2])
         return step + 1, tok, cache, record(rec, step, tok, lp)
 

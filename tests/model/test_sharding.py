@@ -114,7 +114,8 @@ def test_sharded_cache_decode_matches_full_forward():
     ones = jnp.ones(tok.shape, bool)
     ref = _forward(model, tok, pos, ones)
     cache = model.init_cache(4, 8)
-    assert cache["k"].sharding.spec == P(None, ("data", "fsdp"), "tensor")
+    assert len(cache["k"]) == cfg.n_layers
+    assert all(k.sharding.spec == P(("data", "fsdp"), "tensor") for k in cache["k"] + cache["v"])
     lg0, cache = _step(model, tok[:, :4], pos[:, :4], ones[:, :4], cache, jnp.int32(0))
     lg1, cache = _step(model, tok[:, 4:5], pos[:, 4:5], ones[:, 4:5], cache, jnp.int32(4))
     lg2, cache = _step(model, tok[:, 5:6], pos[:, 5:6], ones[:, 5:6], cache, jnp.int32(5))
@@ -150,5 +151,6 @@ def test_paper_scale_forward_traces_abstractly_on_a_mesh(name):
 
     logits, cache = jax.eval_shape(fwd, state, tok)
     assert logits.shape == (2, 16, cfg.vocab_size) and logits.dtype == jnp.float32
-    assert cache["k"].shape == (cfg.n_layers, 2, cfg.n_kv_heads, 32, cfg.head_dim)
-    assert cache["k"].dtype == jnp.bfloat16
+    assert len(cache["k"]) == len(cache["v"]) == cfg.n_layers
+    assert all(k.shape == (2, cfg.n_kv_heads, 32, cfg.head_dim) for k in cache["k"])
+    assert all(k.dtype == jnp.bfloat16 for k in cache["k"])

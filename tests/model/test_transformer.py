@@ -1,6 +1,7 @@
 """Transformer forward, KV cache, padding, jit, gradients, remat (tiny configs, float32)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -155,20 +156,54 @@ def _loss(model, tok, mask):
     return -lp.sum() / mask[:, 1:].sum()
 
 
-def test_gradients_flow_to_every_param_and_remat_matches():
-    cfg = _cfg("qwen3-tiny")
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_gradients_flow_to_every_param_and_remat_and_scan_match(scan_layers):
+    """Loss and gradients agree across the layer loop's forms (scan / unrolled) and with remat."""
+    cfg = _cfg("qwen3-tiny", scan_layers=False, remat=False)
     tok = jax.random.randint(jax.random.key(3), (2, 8), 0, cfg.vocab_size)
     mask = jnp.ones((2, 8), bool)
-    grads = {}
+    ref_loss, ref = nnx.jit(nnx.value_and_grad(_loss))(_model(cfg), tok, mask)
     for remat in (False, True):
-        model = _model(dataclasses.replace(cfg, remat=remat))
+        model = _model(dataclasses.replace(cfg, scan_layers=scan_layers, remat=remat))
         loss, g = nnx.jit(nnx.value_and_grad(_loss))(model, tok, mask)
-        grads[remat] = (loss, g)
         for path, leaf in jax.tree_util.tree_leaves_with_path(g):
             assert float(jnp.abs(leaf).max()) > 0, f"no gradient reaches {path}"
-    np.testing.assert_allclose(grads[False][0], grads[True][0], atol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), grads[False][1],
-                 grads[True][1])
+        np.testing.assert_allclose(loss, ref_loss, atol=1e-6)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), g, ref)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "n_in", "spec"), [
+    ((3, 5, 8), (8, 4, 6), 1, "btd,dhk->bthk"),
+    ((3, 5, 4, 6), (4, 6, 8), 2, "bthk,hkd->btd"),
+    ((7, 16), (16, 3), 1, "nd,df->nf"),  # activation wider than the output: the other transpose order
+])
+def test_dense_matches_einsum_values_and_gradients(x_shape, w_shape, n_in, spec):
+    from mgrpo_jax.model.transformer import dense
+
+    x = jax.random.normal(jax.random.key(0), x_shape)
+    w = jax.random.normal(jax.random.key(1), w_shape)
+    cot = jax.random.normal(jax.random.key(2), jnp.einsum(spec, x, w).shape)
+    ours = jax.jit(lambda x, w: jnp.vdot(dense(x, w, n_in), cot))
+    ref = lambda x, w: jnp.vdot(jnp.einsum(spec, x, w), cot)
+    np.testing.assert_allclose(ours(x, w), ref(x, w), rtol=1e-5)
+    for a, b in zip(jax.grad(ours, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_precomputed_layer_list_gives_the_same_cached_forward():
+    cfg = _cfg("llama-tiny")
+    model = _model(cfg)
+    tok = jax.random.randint(jax.random.key(4), (2, 5), 0, cfg.vocab_size)
+    pos = _positions(2, 5)
+
+    @functools.partial(nnx.jit, static_argnums=1)
+    def run(model, use_list):
+        cache = model.init_cache(2, 8)
+        layers = model.layer_list() if use_list else None
+        return model(tok, pos, cache=cache, cache_index=jnp.int32(0), layers=layers)[0]
+
+    np.testing.assert_array_equal(np.asarray(run(model, True)), np.asarray(run(model, False)))
 
 
 def test_token_logprobs_matches_manual_log_softmax():
@@ -200,7 +235,7 @@ def test_bfloat16_compute_close_to_float32():
     assert model_bf.layers.q[...].dtype == jnp.float32  # params stay float32
     assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
     cache = model_bf.init_cache(2, 8)
-    assert cache["k"].dtype == jnp.bfloat16
+    assert all(k.dtype == jnp.bfloat16 for k in cache["k"] + cache["v"])
 
 
 @pytest.mark.parametrize(("name", "billions"), [("llama3-8b", 8.03), ("qwen3-8b", 8.19), ("gemma-7b", 8.54),

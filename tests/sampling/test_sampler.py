@@ -173,8 +173,8 @@ def test_sharded_matches_single_device(model, sampler, prompts):
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=LOGPROB_TOL)
     cache = s._caches[(4, P + MAX_NEW)]
-    axes = CACHE_AXES["k"]  # the model's cache layout, by logical name
-    spec = tuple(cache["k"].sharding.spec) + (None,) * len(axes)
+    axes = CACHE_AXES["k"]  # the model's per-layer cache layout, by logical name
+    spec = tuple(cache["k"][-1].sharding.spec) + (None,) * len(axes)
     assert spec[axes.index("cache_batch")] == "data"
     assert spec[axes.index("cache_kv_heads")] == "tensor"
 
