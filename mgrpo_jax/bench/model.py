@@ -18,8 +18,9 @@ per-round ratios, so load from other processes that drifts during the run hits b
 * ``train``: one jitted AdamW step (next-token cross-entropy, forward + backward + update, parameters and
   optimizer state donated) at batch 32 x 384 tokens; tokens/s = 32 * 384 / time. MFU = model FLOPs per
   step / time / matmul peak, where model FLOPs = 6 * (matmul parameters) * tokens + the attention score and
-  value matmuls (3 * 4 * T * H * head_dim per token per layer, counted over the full T x T square as
-  computed), and the peak is the best of the per-round timings of a jitted 2048^2 float32 matmul in
+  value matmuls (3 * 4 * T * H * head_dim per token per layer over the full T x T square, times the share
+  the model computes: (n + 1) / 2n with ``causal_block`` splitting T into n blocks, else all of it), and
+  the peak is the best of the per-round timings of a jitted 2048^2 float32 matmul in
   this run; taking the best keeps the ratio conservative when other work slows some of the timings.
 * the peer: ``transformers`` ``Qwen3ForCausalLM`` of the same shape, float32, ``torch.set_num_threads(2)``:
   ``generate()`` at batch 32 (same prompt length, ``do_sample=True``, temperature 1, ``top_k=0``,
@@ -103,7 +104,10 @@ def train_flops_per_token(cfg, seq: int) -> float:
     d, h, kv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
     per_layer = d * h * dh * 2 + d * kv * dh * 2 + 3 * d * f
     matmul_params = cfg.n_layers * per_layer + d * cfg.vocab_size
-    attention = cfg.n_layers * 4 * seq * h * dh  # QK^T and PV, forward, per token
+    attention = cfg.n_layers * 4 * seq * h * dh  # QK^T and PV over the full square, forward, per token
+    c = cfg.causal_block
+    if c and seq > c and seq % c == 0:  # the blocks on and below the diagonal only (model.attention)
+        attention *= (seq // c + 1) / (2 * (seq // c))
     return 6.0 * matmul_params + 3.0 * attention
 
 

@@ -59,6 +59,9 @@ class ModelConfig:
     # Queries per attention chunk (0: all at once). Long sequences need it: dense scores are [T, S] per head
     # (32k tokens: 4 GiB per head in float32); chunks of C queries, each rematerialised, need [C, S].
     attn_chunk: int = 0
+    # Uncached causal forward: queries in blocks of this many, each attending only to keys up to its own
+    # block's end, so the masked upper triangle is skipped (0: off). Unrolled: for a few blocks per sequence.
+    causal_block: int = 0
     max_position_embeddings: int = 8192  # metadata only (export); RoPE has no table
 
     def __post_init__(self):
@@ -129,7 +132,7 @@ _NAMED = {
     # Fixed benchmark shape (issue 3 part 6): Qwen-3 style, float32.
     "bench": dict(family_defaults("qwen3"), vocab_size=2048, d_model=256, n_layers=4, n_heads=4,
                   n_kv_heads=2, head_dim=64, mlp_dim=1024, tie_embeddings=False, dtype="float32",
-                  scan_layers=False),
+                  scan_layers=False, causal_block=64),
     "llama3-8b": dict(family_defaults("llama"), vocab_size=128_256, d_model=4096, n_layers=32,
                       n_heads=32, n_kv_heads=8, head_dim=128, mlp_dim=14_336, rope_theta=500_000.0,
                       norm_eps=1e-5, tie_embeddings=False, dtype="bfloat16", remat=True,

@@ -175,8 +175,14 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 def rope_sin_cos(positions: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """sin, cos of shape ``[B, T, head_dim/2]`` (float32)."""
-    ang = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
-    return jnp.sin(ang), jnp.cos(ang)
+    def sin_cos(positions):
+        ang = positions.astype(jnp.float32)[..., None] * rope_inv_freq(cfg)
+        return jnp.sin(ang), jnp.cos(ang)
+
+    # Evaluated once, inside a conditional: XLA fuses a plain sin/cos into every rotary fusion of every layer
+    # (forward and backward), where it is recomputed for each head's copy of each element; a conditional's
+    # branch is not fused into its consumers. The predicate is always true.
+    return jax.lax.cond(jnp.all(positions > jnp.iinfo(jnp.int32).min), sin_cos, sin_cos, positions)
 
 
 def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
@@ -187,13 +193,23 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
-def attention(q, k, v, mask, cfg: ModelConfig):
+def attention(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
     """q ``[B,T,H,Dh]``, k/v ``[B,K,S,Dh]`` (heads-major, the cache layout), mask ``[B,T,S]`` bool
     -> ``[B,T,H,Dh]``. Scores and softmax in float32; fully masked rows give finite values.
+
+    ``causal``: the caller guarantees ``S == T`` and that ``mask`` is False above the diagonal (the uncached
+    forward). Then with ``cfg.causal_block = C`` (T a multiple of C larger than C) query block ``i`` attends
+    to keys ``[0, (i + 1) C)`` only: the fully masked upper blocks are never computed, in either pass
+    (``(n + 1) / 2n`` of the dense work for ``n`` blocks). The blocks are unrolled, so this is for a few.
 
     With ``cfg.attn_chunk = C`` (and T a multiple of C larger than C) the queries are processed C at a time
     under ``lax.map``, each chunk rematerialised in the backward pass, so scores never exceed ``[C, S]``."""
     B, T, H, Dh = q.shape
+    C = cfg.causal_block
+    if causal and C and T > C and T % C == 0 and k.shape[2] == T:
+        blocks = [_dense_attention(q[:, i:i + C], k[:, :, :i + C], v[:, :, :i + C], mask[:, i:i + C, :i + C], cfg)
+                  for i in range(0, T, C)]
+        return jnp.concatenate(blocks, axis=1)
     C = cfg.attn_chunk
     if C and T > C and T % C == 0:
         n = T // C
@@ -207,19 +223,72 @@ def attention(q, k, v, mask, cfg: ModelConfig):
 
 def _dense_attention(q, k, v, mask, cfg: ModelConfig):
     B, T, H, Dh = q.shape
-    K, S = k.shape[1], k.shape[2]
+    K = k.shape[1]
     G = H // K
     # Queries grouped per KV head as rows of one matrix [B, K, G*T, Dh], so both products are plain batched
     # matmuls in their operands' own layouts (XLA:CPU runs a product whose output order differs from its
     # operands' as a slow transposing loop instead of a library matmul).
     qg = jnp.transpose(q.reshape(B, T, K, G, Dh), (0, 2, 3, 1, 4)).reshape(B, K, G * T, Dh)
-    s = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=jnp.float32) * cfg.attn_scale
-    if cfg.attn_logit_softcap is not None:
-        s = cfg.attn_logit_softcap * jnp.tanh(s / cfg.attn_logit_softcap)
-    s = jnp.where(mask[:, None, None, :, :], s.reshape(B, K, G, T, S), _NEG_INF)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
-    o = jnp.einsum("bkqs,bksd->bkqd", p, v)
+    o = _attention_core(qg, k, v, mask, cfg.attn_scale, cfg.attn_logit_softcap)
     return jnp.transpose(o.reshape(B, K, G, T, Dh), (0, 3, 1, 2, 4)).reshape(B, T, H, Dh)
+
+
+def _masked_scores(qg, k, mask, scale, softcap):
+    """Scores ``[B, K, G, T, S]`` float32 (soft-capped; masked entries ``_NEG_INF``) and the capped scores."""
+    B, K, GT, _ = qg.shape
+    T, S = mask.shape[1], mask.shape[2]
+    s = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
+    s = s.reshape(B, K, GT // T, T, S)
+    return jnp.where(mask[:, None, None], s, _NEG_INF), s
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention_core(qg, k, v, mask, scale, softcap):
+    """softmax(mask(q k^T * scale)) v for grouped queries ``qg [B, K, G*T, Dh]``, keys/values ``[B, K, S, Dh]``.
+
+    Flash-attention arithmetic without tiling: the forward keeps only the output and each row's max and sum;
+    the backward recomputes the probabilities from them and forms the softmax gradient with the row sums
+    of ``do * o`` (``Dh`` wide) instead of ``dp * p`` (``S`` wide). Fully masked rows average all values, as
+    a softmax over equal scores does, and pass no gradient to q or k."""
+    return _attention_fwd(qg, k, v, mask, scale, softcap)[0]
+
+
+def _attention_fwd(qg, k, v, mask, scale, softcap):
+    B, K, GT, Dh = qg.shape
+    s, _ = _masked_scores(qg, k, mask, scale, softcap)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    lsum = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum("bkqs,bksd->bkqd", p.reshape(B, K, GT, -1).astype(v.dtype), v,
+                   preferred_element_type=jnp.float32) / lsum.reshape(B, K, GT, 1)
+    o = o.astype(v.dtype)
+    # The row max and the inverse row sum, not their log-sum-exp: for a fully masked row the max is
+    # _NEG_INF, and adding log(sum) to it would round the sum away.
+    return o, (qg, k, v, mask, o, m, 1.0 / lsum)
+
+
+def _attention_bwd(scale, softcap, res, do):
+    qg, k, v, mask, o, m, inv_sum = res
+    B, K, GT, Dh = qg.shape
+    s, capped = _masked_scores(qg, k, mask, scale, softcap)
+    p = jnp.exp(s - m) * inv_sum
+    do_f = do.astype(jnp.float32)
+    row = jnp.sum(do_f * o.astype(jnp.float32), axis=-1).reshape(p.shape[:-1] + (1,))
+    dp = jnp.einsum("bkqd,bksd->bkqs", do, v, preferred_element_type=jnp.float32).reshape(p.shape)
+    ds = jnp.where(mask[:, None, None], p * (dp - row), 0.0)
+    if softcap is not None:
+        ds = ds * (1.0 - jnp.square(capped / softcap))
+    ds = (ds * scale).reshape(B, K, GT, -1)
+    p = p.reshape(B, K, GT, -1)
+    dq = jnp.einsum("bkqs,bksd->bkqd", ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkqs,bkqd->bksd", ds.astype(qg.dtype), qg, preferred_element_type=jnp.float32)
+    dv = jnp.einsum("bkqs,bkqd->bksd", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
@@ -254,7 +323,7 @@ def _dense_bwd(res, g):
 _dense2d.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update):
+def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, causal=False):
     """One decoder block. ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys."""
     cdt = cfg.compute_dtype
     w = {n: a.astype(cdt) for n, a in lp.items() if n not in ("attn_norm", "mlp_norm", "q_norm", "k_norm")}
@@ -276,7 +345,7 @@ def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, 
     k = apply_rope(k, sin, cos)
     # Keys / values heads-major [B, K, T, Dh] (the cache layout).
     k_all, v_all, kv_state = kv_update(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
-    o = attention(q, k_all, v_all, mask, cfg)
+    o = attention(q, k_all, v_all, mask, cfg, causal)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
     x = x + dense(o, w["o"], 2)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
@@ -349,7 +418,7 @@ class Transformer(nnx.Module):
             mask = causal[None] & attention_mask[:, None, :]
 
             def body(x, lp):
-                x, _ = _block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None))
+                x, _ = _block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None), causal=True)
                 return x, None
 
             if cfg.remat:

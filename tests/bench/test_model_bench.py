@@ -1,5 +1,6 @@
 """The model benchmark's code path at tiny sizes (figures are not checked: no timing assertions)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -26,7 +27,12 @@ def test_flop_count_of_bench_shape():
     cfg = bench.get_model_config("bench")
     # 4 layers x (q 256x256 + k,v 256x128 + o 256x256 + 3 MLP 256x1024) + LM head 256x2048.
     matmul_params = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 1024) + 256 * 2048
-    assert bench.train_flops_per_token(cfg, 384) == 6 * matmul_params + 3 * 4 * 4 * 384 * 4 * 64
+    full_square = 3 * 4 * 4 * 384 * 4 * 64  # 3 passes x 4 layers x (QK^T + PV: 4 T H Dh)
+    assert bench.train_flops_per_token(dataclasses.replace(cfg, causal_block=0), 384) == (
+        6 * matmul_params + full_square)
+    # causal_block 64 splits 384 into 6 blocks and computes the 21 of 36 on or below the diagonal.
+    assert cfg.causal_block == 64
+    assert bench.train_flops_per_token(cfg, 384) == pytest.approx(6 * matmul_params + full_square * 21 / 36)
 
 
 def test_hf_peer_has_the_same_shape():

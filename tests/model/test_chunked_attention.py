@@ -1,20 +1,26 @@
-"""Long contexts: `attn_chunk` (attention over chunks of queries) gives the dense attention's logits, gradients
-and cached decoding; `logits_at` (a prefill's last positions only) gives those positions' logits."""
+"""Attention variants give the dense attention's logits, gradients and cached decoding: `attn_chunk` (chunks of
+queries, for long contexts) and `causal_block` (query blocks that skip the masked upper triangle); the attention
+kernel's hand-written backward equals autodiff of the textbook softmax; `logits_at` (a prefill's last positions
+only) gives those positions' logits."""
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from mgrpo_jax.model import Transformer, get_model_config
+from mgrpo_jax.model.transformer import _NEG_INF, _attention_core
+
+VARIANTS = [{"attn_chunk": 4}, {"causal_block": 4}, {"causal_block": 8, "scan_layers": True}]
 
 
-def _models():
+def _models(variant=VARIANTS[0]):
     dense_cfg = get_model_config("tiny", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                                  mlp_dim=64, remat=True)
-    chunked_cfg = dataclasses.replace(dense_cfg, attn_chunk=4)
+    chunked_cfg = dataclasses.replace(dense_cfg, **variant)
     dense = Transformer(dense_cfg, rngs=nnx.Rngs(0))
     chunked = Transformer(chunked_cfg, rngs=nnx.Rngs(0))
     return dense, chunked
@@ -28,8 +34,9 @@ def _inputs(B=2, T=16):
     return tokens, positions, mask
 
 
-def test_chunked_attention_matches_dense_forward_and_gradient():
-    dense, chunked = _models()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chunked_attention_matches_dense_forward_and_gradient(variant):
+    dense, chunked = _models(variant)
     tokens, positions, mask = _inputs()
 
     def loss(model):
@@ -45,8 +52,9 @@ def test_chunked_attention_matches_dense_forward_and_gradient():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-def test_chunked_prefill_with_a_cache_matches_dense():
-    dense, chunked = _models()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chunked_prefill_with_a_cache_matches_dense(variant):
+    dense, chunked = _models(variant)
     tokens, positions, mask = _inputs()
     outs = []
     for model in (dense, chunked):
@@ -69,3 +77,30 @@ def test_logits_at_gives_the_full_logits_at_those_positions():
         some, _ = model(tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0), logits_at=at)
         assert some.shape == (2, 1, 64)
         np.testing.assert_allclose(np.asarray(some[:, 0]), full[[0, 1], [15, 10]], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_attention_kernel_backward_equals_autodiff_of_softmax(softcap):
+    """Grouped queries (K=2 KV heads, G=2 queries each), a padded key, a fully masked query row."""
+    B, K, G, T, S, Dh, scale = 2, 2, 2, 3, 5, 4, 0.5
+    keys = jax.random.split(jax.random.key(0), 4)
+    qg = jax.random.normal(keys[0], (B, K, G * T, Dh))
+    k, v = jax.random.normal(keys[1], (B, K, S, Dh)), jax.random.normal(keys[2], (B, K, S, Dh))
+    mask = jnp.ones((B, T, S), bool).at[0, :, 4].set(False).at[1, 2, :].set(False)
+    cot = jax.random.normal(keys[3], (B, K, G * T, Dh))
+
+    def reference(qg, k, v):
+        s = jnp.einsum("bkqd,bksd->bkqs", qg, k) * scale
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
+        s = jnp.where(mask[:, None, None], s.reshape(B, K, G, T, S), _NEG_INF)
+        p = jax.nn.softmax(s, axis=-1).reshape(B, K, G * T, S)
+        return jnp.vdot(jnp.einsum("bkqs,bksd->bkqd", p, v), cot)
+
+    ours = lambda qg, k, v: jnp.vdot(_attention_core(qg, k, v, mask, scale, softcap), cot)
+    np.testing.assert_allclose(jax.jit(ours)(qg, k, v), reference(qg, k, v), rtol=1e-5)
+    got, want = jax.jit(jax.grad(ours, (0, 1, 2)))(qg, k, v), jax.grad(reference, (0, 1, 2))(qg, k, v)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # The fully masked row of batch 1 averages the values and sends nothing back to its query.
+    assert float(jnp.abs(got[0][1, :, [2, T + 2]]).max()) == 0.0
