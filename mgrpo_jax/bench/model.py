@@ -177,7 +177,7 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
     @functools.partial(jax.jit, donate_argnums=1)
     def prefill(state, cache, tokens):
         m = nnx.merge(graphdef, state)
-        logits, cache = m(tokens, pos, cache=cache, cache_index=jnp.int32(0))
+        logits, cache = m(tokens, pos, cache=cache, cache_index=0)
         return logits[:, -1], cache
 
     cache_box = [model.init_cache(B, P + N)]

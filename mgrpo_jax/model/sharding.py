@@ -52,8 +52,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_head_dim", None),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),
-    # KV cache [layers, batch, slots, kv_heads, head_dim] and its mask [batch, slots]
-    ("cache_layers", None),
+    # KV cache per layer: keys [batch, kv_heads, head_dim, slots], values [batch, kv_heads, slots, head_dim];
+    # its mask [batch, slots]
     ("cache_batch", ("data", "fsdp")),
     ("cache_slots", None),
     ("cache_kv_heads", "tensor"),

@@ -10,15 +10,17 @@ Call convention::
   are never attended to. Queries at padding tokens produce finite, meaningless logits.
 - Without ``cache``: causal self-attention over the ``T`` tokens; returns ``(logits, None)``.
 - With ``cache`` (from ``model.init_cache(B, S)``): the new tokens' keys/values are written at slots
-  ``[cache_index, cache_index + T)`` (``cache_index`` a scalar int32, may be traced, same for all rows),
+  ``[cache_index, cache_index + T)`` (``cache_index`` a scalar int32, may be traced, same for all rows;
+  the Python int 0 marks a prefill, which then attends to its own T keys only),
   their validity in ``cache['mask']`` is ``attention_mask``; the query of slot ``s`` attends to every
   valid slot ``<= s``. Returns ``(logits, new_cache)``; the input cache is not modified (donate it).
 - ``logits``: ``[B, T, V]`` float32 (soft-capped if the config says so).
 
 Cache pytree (a dict)::
 
-    {'k': L x [B, K, S, Dh], 'v': L x [B, K, S, Dh]  (tuples, one buffer per layer; heads-major;
-     compute dtype; keys after RoPE), 'mask': [B, S] bool  (slot holds a real key)}
+    {'k': L x [B, K, Dh, S], 'v': L x [B, K, S, Dh]  (tuples, one buffer per layer; heads-major;
+     compute dtype; keys after RoPE, stored transposed so that q k^T is a plain matmul over the cache),
+     'mask': [B, S] bool  (slot holds a real key)}
 
 Parameters are stored stacked over layers (leading ``L`` axis). Without a cache the layers run under
 ``jax.lax.scan`` (compile time flat in depth) or unrolled (``cfg.scan_layers``); with a cache they are
@@ -194,7 +196,7 @@ def apply_rope(x: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
 
 
 def attention(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
-    """q ``[B,T,H,Dh]``, k/v ``[B,K,S,Dh]`` (heads-major, the cache layout), mask ``[B,T,S]`` bool
+    """q ``[B,T,H,Dh]``, keys ``[B,K,Dh,S]`` and values ``[B,K,S,Dh]`` (the cache layout), mask ``[B,T,S]`` bool
     -> ``[B,T,H,Dh]``. Scores and softmax in float32; fully masked rows give finite values.
 
     ``causal``: the caller guarantees ``S == T`` and that ``mask`` is False above the diagonal (the uncached
@@ -206,8 +208,8 @@ def attention(q, k, v, mask, cfg: ModelConfig, causal: bool = False):
     under ``lax.map``, each chunk rematerialised in the backward pass, so scores never exceed ``[C, S]``."""
     B, T, H, Dh = q.shape
     C = cfg.causal_block
-    if causal and C and T > C and T % C == 0 and k.shape[2] == T:
-        blocks = [_dense_attention(q[:, i:i + C], k[:, :, :i + C], v[:, :, :i + C], mask[:, i:i + C, :i + C], cfg)
+    if causal and C and T > C and T % C == 0 and k.shape[3] == T:
+        blocks = [_dense_attention(q[:, i:i + C], k[..., :i + C], v[:, :, :i + C], mask[:, i:i + C, :i + C], cfg)
                   for i in range(0, T, C)]
         return jnp.concatenate(blocks, axis=1)
     C = cfg.attn_chunk
@@ -237,7 +239,7 @@ def _masked_scores(qg, k, mask, scale, softcap):
     """Scores ``[B, K, G, T, S]`` float32 (soft-capped; masked entries ``_NEG_INF``) and the capped scores."""
     B, K, GT, _ = qg.shape
     T, S = mask.shape[1], mask.shape[2]
-    s = jnp.einsum("bkqd,bksd->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum("bkqd,bkds->bkqs", qg, k, preferred_element_type=jnp.float32) * scale
     if softcap is not None:
         s = softcap * jnp.tanh(s / softcap)
     s = s.reshape(B, K, GT // T, T, S)
@@ -246,7 +248,8 @@ def _masked_scores(qg, k, mask, scale, softcap):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _attention_core(qg, k, v, mask, scale, softcap):
-    """softmax(mask(q k^T * scale)) v for grouped queries ``qg [B, K, G*T, Dh]``, keys/values ``[B, K, S, Dh]``.
+    """softmax(mask(q k^T * scale)) v for grouped queries ``qg [B, K, G*T, Dh]``, keys ``[B, K, Dh, S]`` and
+    values ``[B, K, S, Dh]``.
 
     Flash-attention arithmetic without tiling: the forward keeps only the output and each row's max and sum;
     the backward recomputes the probabilities from them and forms the softmax gradient with the row sums
@@ -282,8 +285,8 @@ def _attention_bwd(scale, softcap, res, do):
         ds = ds * (1.0 - jnp.square(capped / softcap))
     ds = (ds * scale).reshape(B, K, GT, -1)
     p = p.reshape(B, K, GT, -1)
-    dq = jnp.einsum("bkqs,bksd->bkqd", ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
-    dk = jnp.einsum("bkqs,bkqd->bksd", ds.astype(qg.dtype), qg, preferred_element_type=jnp.float32)
+    dq = jnp.einsum("bkqs,bkds->bkqd", ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bkqs,bkqd->bkds", ds.astype(qg.dtype), qg, preferred_element_type=jnp.float32)
     dv = jnp.einsum("bkqs,bkqd->bksd", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
     return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
@@ -343,8 +346,8 @@ def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, 
         k = rms_norm(k, lp["k_norm"], eps, p1)
     q = apply_rope(q, sin, cos)
     k = apply_rope(k, sin, cos)
-    # Keys / values heads-major [B, K, T, Dh] (the cache layout).
-    k_all, v_all, kv_state = kv_update(jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
+    # The cache layout: keys [B, K, Dh, T], values [B, K, T, Dh].
+    k_all, v_all, kv_state = kv_update(jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2))
     o = attention(q, k_all, v_all, mask, cfg, causal)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
     x = x + dense(o, w["o"], 2)
@@ -437,8 +440,14 @@ class Transformer(nnx.Module):
             S = cache["mask"].shape[1]
             zero = jnp.zeros((), jnp.int32)
             slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
-            q_slot = idx + jnp.arange(T, dtype=jnp.int32)
-            mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+            # A prefill into slot 0 (``cache_index`` the Python int 0) attends to its own T keys only: the
+            # slots after them are masked anyway, so reading the whole cache would only add work.
+            fresh = isinstance(cache_index, int) and cache_index == 0
+            if fresh:
+                mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & attention_mask[:, None, :]
+            else:
+                q_slot = idx + jnp.arange(T, dtype=jnp.int32)
+                mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
 
             # Layers unrolled over per-layer cache buffers: each layer's update is in place and attention
             # reads its keys where they lie (a scan would slice a copy of every layer's cache per token).
@@ -446,12 +455,13 @@ class Transformer(nnx.Module):
             for i, lp in enumerate(layers):
 
                 def kv_update(k, v, i=i):
-                    at = (zero, zero, idx, zero)
-                    nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), at)
-                    nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), at)
+                    nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), (zero, zero, zero, idx))
+                    nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), (zero, zero, idx, zero))
+                    if fresh:
+                        return k, v, (nk, nv)
                     return nk.astype(cdt), nv.astype(cdt), (nk, nv)
 
-                x, (ks[i], vs[i]) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update)
+                x, (ks[i], vs[i]) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update, causal=fresh)
             new_cache = {"k": tuple(ks), "v": tuple(vs), "mask": slot_mask}
 
         if logits_at is not None:
@@ -474,7 +484,7 @@ class Transformer(nnx.Module):
 
 
 CACHE_AXES = {
-    "k": ("cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),  # each layer's entry
+    "k": ("cache_batch", "cache_kv_heads", "cache_head_dim", "cache_slots"),  # each layer's entry
     "v": ("cache_batch", "cache_kv_heads", "cache_slots", "cache_head_dim"),
     "mask": ("cache_batch", "cache_slots"),
 }
@@ -483,8 +493,9 @@ CACHE_AXES = {
 def cache_shape(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     """``jax.ShapeDtypeStruct`` pytree of the cache (no allocation)."""
     dt = jnp.dtype(dtype) if dtype is not None else cfg.compute_dtype
-    kv = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, max_len, cfg.head_dim), dt)
-    return {"k": (kv,) * cfg.n_layers, "v": (kv,) * cfg.n_layers,
+    k = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, cfg.head_dim, max_len), dt)
+    v = jax.ShapeDtypeStruct((batch, cfg.n_kv_heads, max_len, cfg.head_dim), dt)
+    return {"k": (k,) * cfg.n_layers, "v": (v,) * cfg.n_layers,
             "mask": jax.ShapeDtypeStruct((batch, max_len), jnp.bool_)}
 
 

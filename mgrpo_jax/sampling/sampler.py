@@ -144,7 +144,7 @@ def generate(
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]
-    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=jnp.int32(0),
+    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=0,
                           logits_at=prompt_lengths - 1, layers=layers)
     last = logits[:, 0]
 

@@ -85,12 +85,12 @@ def test_attention_kernel_backward_equals_autodiff_of_softmax(softcap):
     B, K, G, T, S, Dh, scale = 2, 2, 2, 3, 5, 4, 0.5
     keys = jax.random.split(jax.random.key(0), 4)
     qg = jax.random.normal(keys[0], (B, K, G * T, Dh))
-    k, v = jax.random.normal(keys[1], (B, K, S, Dh)), jax.random.normal(keys[2], (B, K, S, Dh))
+    k, v = jax.random.normal(keys[1], (B, K, Dh, S)), jax.random.normal(keys[2], (B, K, S, Dh))
     mask = jnp.ones((B, T, S), bool).at[0, :, 4].set(False).at[1, 2, :].set(False)
     cot = jax.random.normal(keys[3], (B, K, G * T, Dh))
 
     def reference(qg, k, v):
-        s = jnp.einsum("bkqd,bksd->bkqs", qg, k) * scale
+        s = jnp.einsum("bkqd,bkds->bkqs", qg, k) * scale
         if softcap is not None:
             s = softcap * jnp.tanh(s / softcap)
         s = jnp.where(mask[:, None, None], s.reshape(B, K, G, T, S), _NEG_INF)

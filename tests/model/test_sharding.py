@@ -152,5 +152,6 @@ def test_paper_scale_forward_traces_abstractly_on_a_mesh(name):
     logits, cache = jax.eval_shape(fwd, state, tok)
     assert logits.shape == (2, 16, cfg.vocab_size) and logits.dtype == jnp.float32
     assert len(cache["k"]) == len(cache["v"]) == cfg.n_layers
-    assert all(k.shape == (2, cfg.n_kv_heads, 32, cfg.head_dim) for k in cache["k"])
+    assert all(k.shape == (2, cfg.n_kv_heads, cfg.head_dim, 32) for k in cache["k"])
+    assert all(v.shape == (2, cfg.n_kv_heads, 32, cfg.head_dim) for v in cache["v"])
     assert all(k.dtype == jnp.bfloat16 for k in cache["k"])

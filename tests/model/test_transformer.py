@@ -191,6 +191,27 @@ def test_dense_matches_einsum_values_and_gradients(x_shape, w_shape, n_in, spec)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_prefill_at_python_zero_equals_traced_index_and_ignores_stale_slots():
+    """cache_index=0 (a Python int) attends to the prompt's own keys only; a traced 0 reads the whole cache.
+    Both must give the same logits and the same cache, also over a cache holding an earlier call's keys."""
+    cfg = _cfg("qwen3-tiny", causal_block=4)
+    model = _model(cfg)
+    tok = jax.random.randint(jax.random.key(5), (2, 8), 0, cfg.vocab_size)
+    mask = jnp.asarray(np.arange(8)[None] < np.array([[8], [5]]))
+    pos = _positions(2, 8)
+
+    @functools.partial(nnx.jit, static_argnums=2)
+    def prefill(model, cache, python_zero):
+        idx = 0 if python_zero else jnp.int32(0)
+        return model(tok, pos, attention_mask=mask, cache=cache, cache_index=idx)
+
+    stale = _step(model, tok[:, ::-1], pos, jnp.ones((2, 8), bool), model.init_cache(2, 12), jnp.int32(0))[1]
+    for cache in (model.init_cache(2, 12), stale):
+        (a, ca), (b, cb) = prefill(model, cache, True), prefill(model, cache, False)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=TOL, rtol=0)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=TOL), ca, cb)
+
+
 def test_precomputed_layer_list_gives_the_same_cached_forward():
     cfg = _cfg("llama-tiny")
     model = _model(cfg)
