@@ -99,13 +99,24 @@ def sample_logits(
     greedy = temperature <= 0.0
     safe_t = jnp.where(greedy, 1.0, temperature)
     filtered = filter_logits(logits, safe_t, top_k, top_p)
-    drawn = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
-    argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    tok = jnp.where(greedy, argmax, drawn)
+    # Gumbel-max with the noise jax.random.categorical draws from the same keys (so the same tokens), and
+    # the greedy rows' argmax folded into the same reduction (the filters keep every row's argmax): one
+    # argmax per step, not two; XLA:CPU's argmax costs more than the rest of the step's sampling.
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, logits.shape[-1:]))(keys)
+    tok = _first_argmax(filtered + jnp.where(greedy[:, None], 0.0, noise))
     dist = jnp.where(greedy[:, None], logits, filtered)
     lse = jax.nn.logsumexp(dist, axis=-1)
     lp = jnp.take_along_axis(dist, tok[:, None], axis=-1)[:, 0] - lse
     return tok, lp
+
+
+def _first_argmax(x: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis (first index among ties) as a max and a min: two plain reductions,
+    which XLA:CPU vectorises, instead of one (value, index) pair reduction."""
+    n = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(x == top, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+    return jnp.minimum(first, n - 1)  # a NaN row matches nothing
 
 
 def generate(

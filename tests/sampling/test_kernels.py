@@ -68,6 +68,19 @@ def test_greedy_rows_mixed_with_sampled_rows():
     np.testing.assert_allclose(np.asarray(lp)[[0, 2, 4]], ref[[0, 2, 4]], atol=1e-6)
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (7, 1.0), (0, 0.8)])
+def test_draws_are_jax_categorical_of_the_filtered_logits_and_greedy_takes_the_first_max(top_k, top_p):
+    x = _logits(b=8).at[1, 3].set(50.0).at[1, 9].set(50.0)  # row 1: a tie at the top
+    temp = jnp.asarray([0.7, 0.0, 1.0, 0.0, 1.3, 1.0, 0.0, 2.0])
+    keys = jax.random.split(jax.random.key(4), 8)
+    tok, _ = jax.jit(sample_logits, static_argnums=(3, 4))(x, keys, temp, top_k, top_p)
+    safe_t = jnp.where(temp <= 0, 1.0, temp)
+    drawn = jax.vmap(jax.random.categorical)(keys, filter_logits(x, safe_t, top_k, top_p))
+    want = np.where(np.asarray(temp) <= 0, np.asarray(x).argmax(-1), np.asarray(drawn))
+    np.testing.assert_array_equal(np.asarray(tok), want)
+    assert int(tok[1]) == 3
+
+
 def test_tiny_top_p_and_top_k_one_are_greedy():
     x = _logits(b=64, v=300, seed=4)
     keys = jax.random.split(jax.random.key(3), 64)
