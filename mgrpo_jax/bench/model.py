@@ -27,9 +27,6 @@ per-round ratios, so load from other processes that drifts during the run hits b
   ``min_new_tokens=max_new_tokens=256``) and a ``torch.optim.AdamW`` step at batch 32 x 384.
 * ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) once our workloads have been built,
   compiled and run once, before the peer is loaded (it includes the Python/JAX runtime itself).
-* the host allocator: unless ``--default-malloc``, glibc is told to keep freed memory for reuse
-  (``bench.common.keep_host_memory``; ``host_memory_kept`` in the JSON says whether it took). It is set for the
-  whole process, so the peer runs under the same allocator.
 
 The last stdout line is one JSON object (see ``emit``).
 """
@@ -51,7 +48,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mgrpo_jax.bench.common import emit, keep_host_memory, time_call
+from mgrpo_jax.bench.common import emit, time_call
 from mgrpo_jax.model import Transformer, get_model_config
 from mgrpo_jax.sampling import NO_STOP, Sampler
 
@@ -353,15 +350,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); for tests")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's allocator defaults (see bench.common.keep_host_memory)")
     args = parser.parse_args(argv)
-    tuned = False if args.default_malloc else keep_host_memory()
     sizes = QUICK if args.quick else BenchSizes()
     if args.repeats:
         sizes = dataclasses.replace(sizes, repeats=args.repeats)
     figures = run(sizes, hf=not args.no_hf)
-    figures["host_memory_kept"] = tuned
     for k, v in figures.items():
         if isinstance(v, float):
             print(f"{k:>28s}: {v:,.4g}")

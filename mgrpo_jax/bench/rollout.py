@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mgrpo_jax.bench.common import emit, keep_host_memory
+from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
 from mgrpo_jax.core import main_advantages
 from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
@@ -349,17 +349,14 @@ def parse_args(argv=None):
     p.add_argument("--grpo-repeats", type=int, default=3)
     p.add_argument("--skip-rl", action="store_true")
     p.add_argument("--skip-grpo", action="store_true")
-    p.add_argument("--default-malloc", action="store_true",
-                   help="keep glibc's allocator defaults (see bench.common.keep_host_memory)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    tuned = False if args.default_malloc else keep_host_memory()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     figures: dict = {"backend": jax.default_backend(), "devices": jax.device_count(), "cpus": os.cpu_count(),
-                     "load_avg_1m_start": os.getloadavg()[0], "host_memory_kept": tuned}
+                     "load_avg_1m_start": os.getloadavg()[0]}
     if not args.skip_rl:
         figures.update(bench_rl(args))
         figures["note"] = WARM_NOTE.format(args.warmstart_steps)

@@ -6,8 +6,7 @@ from mgrpo_jax.bench import rollout as bench
 
 TINY = ["--preset", "smoke", "--steps", "1", "--warmup-steps", "1", "--warmstart-steps", "2",
         "--grpo-model", "tiny", "--grpo-overrides", "n_layers=1,vocab_size=256", "--grpo-prompts", "2",
-        "--grpo-samples", "2", "--grpo-prompt-len", "8", "--grpo-new-tokens", "8", "--grpo-repeats", "1",
-        "--default-malloc"]  # the allocator setting would outlive the test
+        "--grpo-samples", "2", "--grpo-prompt-len", "8", "--grpo-new-tokens", "8", "--grpo-repeats", "1"]
 REQUIRED = ("episodes_per_s", "tokens_per_s", "compute_share", "peak_memory_gb", "grpo_step_s",
             "grpo_sampling_s", "grpo_update_s")
 
