@@ -19,11 +19,9 @@ def main(argv=None) -> dict:
     if not args.plot_only:
         runs.ensure([n for m in MODES for n in runs.stage2(m)], args.root, args.jobs)
     fig, (ax_reward, ax_correct) = runs.new_figure(2)
-    results = {}
-    for ax, key in ((ax_reward, "reward"), (ax_correct, "correct")):
-        out = runs.compare(ax, {mode: (runs.stage2(mode), f"{runs.top_name(mode)}/{key}") for mode in MODES})
-        results.update({f"{mode}/{key}": out[mode] for mode in MODES})
-        results[f"identical/{key}"] = out["identical"]
+    results = runs.compare_panels(
+        (ax_reward, ax_correct), ("reward", "correct"),
+        lambda key: {mode: (mode, runs.stage2(mode), f"{runs.top_name(mode)}/{key}") for mode in MODES})
     ax_reward.set(xlabel="stage-2 step", ylabel="training reward", title="Stage 2: training reward")
     ax_correct.set(xlabel="stage-2 step", ylabel="fraction correct", title="Stage 2: correct rollouts")
     runs.save_png(fig, FIGURE)

@@ -19,12 +19,11 @@ def main(argv=None) -> dict:
     if not args.plot_only:
         runs.ensure([n for m in MODES for n in runs.stage2(m)], args.root, args.jobs)
     fig, axes = runs.new_figure(2)
-    results = {}
     labels = {"mgrpo": "synchronised", "mgrpo_unsync": "unsynchronised"}
-    for ax, key in zip(axes, ("main/reward", "sub/reward"), strict=True):
-        out = runs.compare(ax, {labels[mode]: (runs.stage2(mode), key) for mode in MODES})
-        results.update({f"{mode}/{key}": out[labels[mode]] for mode in MODES})
-        results[f"identical/{key}"] = out["identical"]
+    keys = ("main/reward", "sub/reward")
+    results = runs.compare_panels(
+        axes, keys, lambda key: {mode: (labels[mode], runs.stage2(mode), key) for mode in MODES})
+    for ax, key in zip(axes, keys, strict=True):
         ax.set(xlabel="stage-2 step", ylabel=key, title=f"Stage 2: {key}")
     runs.save_png(fig, FIGURE)
     runs.save_results(FIGURE, results)

@@ -25,11 +25,9 @@ def main(argv=None) -> dict:
     if not args.plot_only:
         runs.ensure([n for m in MODES for n in names(m)], args.root, args.jobs)
     fig, axes = runs.new_figure(2)
-    results = {}
-    for ax, key in zip(axes, ("main/reward", "sub/reward"), strict=True):
-        out = runs.compare(ax, {mode: (names(mode), key) for mode in MODES})
-        results.update({f"{mode}/{key}": out[mode] for mode in MODES})
-        results[f"identical/{key}"] = out["identical"]
+    keys = ("main/reward", "sub/reward")
+    results = runs.compare_panels(axes, keys, lambda key: {mode: (mode, names(mode), key) for mode in MODES})
+    for ax, key in zip(axes, keys, strict=True):
         ax.set(xlabel="stage-2 step", ylabel=key, title=f"Sub-agent warm start 600 steps: {key}")
     runs.save_png(fig, FIGURE)
     runs.save_results(FIGURE, results)

@@ -257,6 +257,20 @@ def compare(ax, groups: dict, ema: float = 0.8, window: int = 6) -> dict:
     return out
 
 
+def compare_panels(axes, keys, groups) -> dict:
+    """One `compare` panel per metric key. `groups(key)` gives `{mode: (label, run names, metric key)}`.
+
+    Returns `{"<mode>/<key>": first/last window figures, "identical/<key>": [[labels]]}` over all panels.
+    """
+    results = {}
+    for ax, key in zip(axes, keys, strict=True):
+        panel = groups(key)
+        out = compare(ax, {label: (names, metric) for label, names, metric in panel.values()})
+        results.update({f"{mode}/{key}": out[label] for mode, (label, _, _) in panel.items()})
+        results[f"identical/{key}"] = out["identical"]
+    return results
+
+
 def new_figure(ncols: int = 1, width: float = 5.5, height: float = 4.0):
     import matplotlib
 
