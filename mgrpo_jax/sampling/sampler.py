@@ -23,7 +23,7 @@ trainer recomputes teacher-forced, so importance ratios start at 1). Greedy rows
 degenerate sampling distribution; for them we record the unfiltered model log-prob ``log_softmax(logits)``
 of the argmax token instead of 0, which is the more useful number for evaluation.
 
-Compilation: one executable per (batch, prompt length, max_new, top_k, top_p) — use
+Compilation: one executable per (batch, prompt length, max_new, top_k, top_p, decode_phases) — use
 :mod:`mgrpo_jax.sampling.buckets` to round shapes to a few buckets. Temperatures, stop-token sets,
 per-row budgets and RNG keys are traced arrays, so changing them never recompiles.
 """
@@ -133,12 +133,19 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     pad_id: int = 0,
+    decode_phases: int = 1,
 ) -> tuple[SampleOutput, dict]:
     """Prefill + decode loop (pure; call it under ``jax.jit``). Returns ``(SampleOutput, cache)``.
 
     prompts [B, P] int32 right-padded; prompt_lengths [B] int32 (>= 1); keys [B] PRNG keys;
     temperature [B] f32 (0 = greedy); stop_tokens [B, S] int32 (``NO_STOP`` fills); budgets [B] int32
     (<= max_new; 0 = produce nothing). ``cache`` must have ``P + max_new`` slots (``model.init_cache``).
+
+    ``decode_phases = n > 1`` splits the decode loop into ``n`` loops over growing copies of the cache
+    (:func:`decode_windows`), so a step reads the filled slots only, up to the end of its phase, instead of
+    all ``P + max_new``: the attention's cache reads shrink by up to half, for one cache copy per phase, a
+    compiled loop body per phase (compile time grows with ``n``) and up to one more cache's worth of memory.
+    Same tokens and log-probs as one loop, up to float summation order.
     """
     B, P = prompts.shape
     n_slots = cache["mask"].shape[1]
@@ -201,20 +208,71 @@ def generate(
         tok, lp = draw(step, logits[:, 0], rec[2])
         return step + 1, tok, cache, record(rec, step, tok, lp)
 
-    _, _, cache, rec = jax.lax.while_loop(cond, body, (jnp.int32(1), tok0, cache, rec))
+    carry = (jnp.int32(1), tok0, cache, rec)
+    windows = decode_windows(P, n_slots, max_new, decode_phases)
+    if len(windows) > 1:
+        # Phase j runs on a cache of windows[j] slots (the slots its steps have filled by its end), so its
+        # attention reads no empty slots; only the last phase runs on the whole (donated) cache.
+        full = cache
+        for j, w in enumerate(windows):
+            if w == n_slots:
+                cache = _write_slots(full, carry[2])
+            else:
+                cache = _take_slots(full, w) if j == 0 else _pad_slots(carry[2], w)
+
+            last = min(max_new, w - P + 1)  # the phase's steps write slots P + step - 1 < w
+
+            def cond_phase(carry, last=last):
+                return cond(carry) & (carry[0] < last)
+
+            carry = jax.lax.while_loop(cond_phase, body, carry[:2] + (cache,) + carry[3:])
+    else:
+        carry = jax.lax.while_loop(cond, body, carry)
+    _, _, cache, rec = carry
     out_tok, out_lp, _, lengths, stopped = rec
     return SampleOutput(out_tok, out_lp, lengths, stopped), cache
 
 
+def decode_windows(prompt_len: int, n_slots: int, max_new: int, phases: int) -> list[int]:
+    """Cache sizes (slots) of the decode loop's phases: the decode steps write slots ``[P, P + max_new - 1)``;
+    ``phases`` cuts them into that many near-equal runs, and phase ``j`` sees the first ``windows[j]`` slots.
+    The last window is always the whole cache; ``[n_slots]`` means one loop over the whole cache."""
+    steps = max_new - 1
+    phases = max(1, min(int(phases), steps))
+    ends = [prompt_len + -(-steps * (j + 1) // phases) for j in range(phases - 1)]
+    return sorted(set(ends) - {n_slots}) + [n_slots]
+
+
+def _take_slots(cache: dict, w: int) -> dict:
+    """The first ``w`` slots of a cache (a copy)."""
+    return {"k": tuple(k[..., :w] for k in cache["k"]), "v": tuple(v[:, :, :w] for v in cache["v"]),
+            "mask": cache["mask"][:, :w]}
+
+
+def _pad_slots(cache: dict, w: int) -> dict:
+    """The cache grown to ``w`` slots (the new slots are empty: zeros, masked out)."""
+    def pad(x, axis):
+        return jnp.pad(x, [(0, w - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+
+    return {"k": tuple(pad(k, 3) for k in cache["k"]), "v": tuple(pad(v, 2) for v in cache["v"]),
+            "mask": pad(cache["mask"], 1)}
+
+
+def _write_slots(full: dict, part: dict) -> dict:
+    """``full`` with its first slots replaced by the smaller cache ``part`` (in place when donated)."""
+    put = lambda f, x: jax.lax.dynamic_update_slice(f, x.astype(f.dtype), (0,) * f.ndim)
+    return jax.tree.map(put, full, part)
+
+
 @functools.partial(
-    jax.jit, static_argnums=(0,), static_argnames=("max_new", "top_k", "top_p", "pad_id"),
+    jax.jit, static_argnums=(0,), static_argnames=("max_new", "top_k", "top_p", "pad_id", "decode_phases"),
     donate_argnames=("cache",),
 )
 def _generate_jit(graphdef, state, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
-                  *, max_new, top_k, top_p, pad_id):
+                  *, max_new, top_k, top_p, pad_id, decode_phases):
     model = nnx.merge(graphdef, state)
     return generate(model, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
-                    max_new=max_new, top_k=top_k, top_p=top_p, pad_id=pad_id)
+                    max_new=max_new, top_k=top_k, top_p=top_p, pad_id=pad_id, decode_phases=decode_phases)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -260,12 +318,15 @@ class Sampler:
     >>> sampler.update_weights(model)  # after a train step; no recompilation
 
     ``top_k`` / ``top_p`` are fixed per sampler (part of the compiled shape; 0 / 1.0 switch them off);
-    temperature (per row, 0 = greedy), stop tokens, budgets and keys are per call.
+    temperature (per row, 0 = greedy), stop tokens, budgets and keys are per call. ``decode_phases``: see
+    :func:`generate` (1, the default, decodes over the whole cache in one loop; more phases read less cache
+    per token and compile longer).
     """
 
     def __init__(self, model, *, pad_id: int = 0, top_k: int = 0, top_p: float = 1.0,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
-                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, cache_dtype=None):
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, cache_dtype=None,
+                 decode_phases: int = 1):
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
         self.mesh_rules = getattr(model, "mesh_rules", None)
@@ -275,6 +336,9 @@ class Sampler:
         self.batch_buckets = tuple(batch_buckets)
         self.length_buckets = tuple(length_buckets)
         self.cache_dtype = cache_dtype
+        if int(decode_phases) < 1:
+            raise ValueError(f"decode_phases must be >= 1, got {decode_phases}")
+        self.decode_phases = int(decode_phases)
         self._caches: dict[tuple[int, int], dict] = {}
         if self.mesh_rules is not None:
             data = self.mesh_rules.spec(("act_batch",))
@@ -349,7 +413,8 @@ class Sampler:
             self._put(bud, ("act_batch",)),
         )
         out, cache = _generate_jit(self.graphdef, self.state, cache, *args, max_new=int(max_new),
-                                   top_k=self.top_k, top_p=self.top_p, pad_id=self.pad_id)
+                                   top_k=self.top_k, top_p=self.top_p, pad_id=self.pad_id,
+                                   decode_phases=self.decode_phases)
         self._caches[(B, P + max_new)] = cache
         return out
 
@@ -401,6 +466,7 @@ def _axes(spec_entry) -> tuple[str, ...]:
 __all__ = [
     "NO_STOP",
     "SampleOutput",
+    "decode_windows",
     "Sampler",
     "filter_logits",
     "generate",

@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mgrpo_jax.model import CACHE_AXES, Transformer, get_model_config, make_mesh, shard_model, token_logprobs
-from mgrpo_jax.sampling import NO_STOP, Sampler, pad_prompts
+from mgrpo_jax.sampling import NO_STOP, Sampler, decode_windows, pad_prompts
 from mgrpo_jax.sampling import sampler as sampler_mod
 
 LOGPROB_TOL = 1e-5
@@ -162,21 +164,70 @@ def test_sharded_matches_single_device(model, sampler, prompts):
     assert len(jax.devices()) == 8
     mesh = make_mesh({"data": 4, "fsdp": 1, "tensor": 2})
     sharded = shard_model(model, mesh)
-    s = Sampler(sharded, batch_buckets=(4,), length_buckets=(P,))
     keys = jax.random.split(jax.random.key(5), 4)
     tokens, lengths = pad_prompts(prompts, batch_buckets=(4,), length_buckets=(P,))
-    for temp in (1.0, 0.0):
-        ref = sampler.generate(tokens, lengths, max_new=MAX_NEW, rng=keys, temperature=temp)
-        out = s.generate(tokens, lengths, max_new=MAX_NEW, rng=keys, temperature=temp)
-        assert len(out.tokens.sharding.device_set) == 8
-        assert out.tokens.sharding.spec[0] == "data"
-        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=LOGPROB_TOL)
-    cache = s._caches[(4, P + MAX_NEW)]
-    axes = CACHE_AXES["k"]  # the model's per-layer cache layout, by logical name
-    spec = tuple(cache["k"][-1].sharding.spec) + (None,) * len(axes)
-    assert spec[axes.index("cache_batch")] == "data"
-    assert spec[axes.index("cache_kv_heads")] == "tensor"
+    for phases in (1, 3):
+        s = Sampler(sharded, batch_buckets=(4,), length_buckets=(P,), decode_phases=phases)
+        for temp in (1.0, 0.0):
+            ref = sampler.generate(tokens, lengths, max_new=MAX_NEW, rng=keys, temperature=temp)
+            out = s.generate(tokens, lengths, max_new=MAX_NEW, rng=keys, temperature=temp)
+            assert len(out.tokens.sharding.device_set) == 8
+            assert out.tokens.sharding.spec[0] == "data"
+            np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+            np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=LOGPROB_TOL)
+        cache = s._caches[(4, P + MAX_NEW)]
+        axes = CACHE_AXES["k"]  # the model's per-layer cache layout, by logical name
+        spec = tuple(cache["k"][-1].sharding.spec) + (None,) * len(axes)
+        assert spec[axes.index("cache_batch")] == "data"
+        assert spec[axes.index("cache_kv_heads")] == "tensor"
+
+
+def test_decode_windows_by_hand():
+    # 11 decode steps write slots 16..26 of a 28-slot cache: thirds end at slots 20 and 24.
+    assert decode_windows(16, 28, 12, 3) == [20, 24, 28]
+    assert decode_windows(16, 28, 12, 1) == [28]
+    assert decode_windows(16, 28, 1, 4) == [28]  # no decode step
+    assert decode_windows(16, 28, 3, 10) == [17, 28]  # at most one phase per step
+
+
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(0, 8), st.integers(1, 12))
+def test_decode_windows_cover_every_step(prompt_len, max_new, spare, phases):
+    n_slots = prompt_len + max_new + spare
+    windows = decode_windows(prompt_len, n_slots, max_new, phases)
+    assert windows[-1] == n_slots and windows == sorted(set(windows))
+    assert len(windows) <= max(1, min(phases, max_new - 1))
+    # Decode step i (1 <= i < max_new) writes slot P + i - 1 and runs in the first phase whose window
+    # holds that slot; every phase but the last gets at least one step.
+    first = [next(w for w in windows if prompt_len + i - 1 < w) for i in range(1, max_new)]
+    assert set(windows[:-1]) <= set(first)
+
+
+@pytest.mark.parametrize("phases", [3, 5])
+def test_decode_phases_match_one_loop(model, sampler, prompts, phases):
+    phased = Sampler(model, batch_buckets=(4,), length_buckets=(P,), decode_phases=phases)
+    free = sampler.sample(prompts, max_new=MAX_NEW, rng=0, temperature=0.0)
+    # Temperature 1, greedy, and stops + budgets that end rows inside the second phase (early exit).
+    calls = [dict(rng=3, temperature=1.0), dict(rng=0, temperature=0.0),
+             dict(rng=0, temperature=0.0, stop_tokens=[[int(free.tokens[0, 5])], [], [], []],
+                  budgets=[MAX_NEW, 6, 5, 0])]
+    for i, kw in enumerate(calls):
+        ref = sampler.sample(prompts, max_new=MAX_NEW, **kw)
+        out = phased.sample(prompts, max_new=MAX_NEW, **kw)
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_array_equal(out.lengths, ref.lengths)
+        np.testing.assert_array_equal(out.stopped, ref.stopped)
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=LOGPROB_TOL, rtol=0)
+        if i == 0:  # every row ran all steps: the whole donated cache comes back with what one loop wrote
+            _assert_same_filled_slots(phased._caches[(4, P + MAX_NEW)], sampler._caches[(4, P + MAX_NEW)])
+
+
+def _assert_same_filled_slots(a: dict, b: dict):
+    """Slots [0, P + MAX_NEW - 1) of two caches agree (the last sampled token is never fed back)."""
+    for name, axis in (("k", 3), ("v", 2)):
+        for x, y in zip(a[name], b[name], strict=True):
+            assert x.shape == y.shape
+            filled = tuple(slice(0, P + MAX_NEW - 1) if d == axis else slice(None) for d in range(x.ndim))
+            np.testing.assert_allclose(np.asarray(x)[filled], np.asarray(y)[filled], atol=1e-5)
 
 
 def test_input_validation(sampler):
@@ -184,3 +235,5 @@ def test_input_validation(sampler):
         sampler.generate(np.zeros((4, P), np.int32), [0, 1, 1, 1], max_new=MAX_NEW)
     with pytest.raises(ValueError):
         sampler.sample([[]], max_new=MAX_NEW)
+    with pytest.raises(ValueError, match="decode_phases"):
+        Sampler(sampler_mod.nnx.merge(sampler.graphdef, sampler.state), decode_phases=0)
