@@ -13,10 +13,17 @@ per-round ratios, so load from other processes that drifts during the run hits b
 
 * ``decode``: ``Sampler.generate`` at batch 32 and 64, prompt 128 random ids, 256 new tokens, temperature
   1, no top-k/top-p, no stop tokens (every row generates all 256). tokens/s = batch * 256 / wall time of
-  the whole call (prefill included, as in HF ``generate()``); ``decode_tokens_per_s`` is batch 32.
+  the whole call (prefill included, as in HF ``generate()``); ``decode_tokens_per_s`` is batch 32. The
+  sampler runs with ``decode_phases`` (``--decode-phases``, default 8): the decode loop in that many
+  phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``).
 * ``prefill``: one cached forward over batch 32 x 128 prompt tokens; tokens/s = 32 * 128 / time.
-* ``train``: one jitted AdamW step (next-token cross-entropy, forward + backward + update, parameters and
-  optimizer state donated) at batch 32 x 384 tokens; tokens/s = 32 * 384 / time. MFU = model FLOPs per
+* ``train``: one AdamW update on batch 32 x 384 tokens (next-token cross-entropy) by the project's train
+  step (``mgrpo_jax.train.step.build_step``: jitted once, state donated, gradient norm and non-finite guard
+  included), with the batch's gradient accumulated exactly over ``train_micro_batches`` micro-batches
+  (``--train-micro-batches``, default 8: 4 rows each) under ``lax.scan``. The micro-batches keep the
+  activations of a [1536, 1024] matmul inside the 32 MiB L3 and XLA's temporaries small enough to be
+  reused instead of page-faulted in on every call; 1 gives the whole batch in one pass.
+  tokens/s = 32 * 384 / time. MFU = model FLOPs per
   step / time / matmul peak, where model FLOPs = 6 * (matmul parameters) * tokens + the attention score and
   value matmuls (3 * 4 * T * H * head_dim per token per layer over the full T x T square, times the share
   the model computes: (n + 1) / 2n with ``causal_block`` splitting T into n blocks, else all of it), and
@@ -49,8 +56,10 @@ import optax
 from flax import nnx
 
 from mgrpo_jax.bench.common import emit, time_call
-from mgrpo_jax.model import Transformer, get_model_config
+from mgrpo_jax.model import Transformer, get_model_config, make_mesh
 from mgrpo_jax.sampling import NO_STOP, Sampler
+from mgrpo_jax.train.state import create_agent_state
+from mgrpo_jax.train.step import build_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +73,14 @@ class BenchSizes:
     hf_decode_batch: int = 32
     matmul_n: int = 2048
     repeats: int = 3
+    decode_phases: int = 8
+    train_micro_batches: int = 8
     overrides: tuple[tuple[str, object], ...] = ()
 
 
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
-                   train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1,
-                   overrides=(("n_layers", 1), ("vocab_size", 256)))
+                   train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
+                   train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
 
 
 # --------------------------------------------------------------------------------------------- peak
@@ -111,26 +122,24 @@ def train_flops_per_token(cfg, seq: int) -> float:
     return 6.0 * matmul_params + 3.0 * attention
 
 
-def make_train_step(graphdef, tx):
-    def loss_fn(params, tokens):
+def next_token_loss(graphdef):
+    """``micro_loss(params, batch) -> (loss_sum, (denominator, metrics))`` for ``build_step``: next-token
+    cross-entropy summed over every position but the last of each row."""
+
+    def micro_loss(params, batch):
         model = nnx.merge(graphdef, params)
+        tokens = batch["tokens"]
         B, T = tokens.shape
         pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, _ = model(tokens, pos)
-        # Next-token targets over all T positions with the last one weighted 0: the same loss as slicing
+        # Targets over all T positions with the last one weighted 0: the same loss as slicing
         # logits[:, :-1], without copying the [B, T, V] logits.
         targets = jnp.roll(tokens, -1, axis=1)
         weights = (jnp.arange(T) < T - 1).astype(jnp.float32)[None]
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-        return jnp.sum(losses * weights) / (B * (T - 1))
+        return jnp.sum(losses * weights), (jnp.asarray(B * (T - 1), jnp.float32), {})
 
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, loss
-
-    return jax.jit(step, donate_argnums=(0, 1))
+    return micro_loss
 
 
 @dataclasses.dataclass
@@ -148,7 +157,7 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
     cases: list[Case] = []
     model = build_model(cfg)
     rng = np.random.default_rng(0)
-    sampler = Sampler(model, pad_id=0)
+    sampler = Sampler(model, pad_id=0, decode_phases=sizes.decode_phases)
     P, N = sizes.prompt_len, sizes.new_tokens
     for B in sizes.decode_batches:
         prompts = rng.integers(0, cfg.vocab_size, size=(B, P)).astype(np.int32)
@@ -189,24 +198,25 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
     jax.block_until_ready(run_prefill())
     cases.append(Case("prefill", run_prefill, B * P))
 
-    # Train step: AdamW, parameters and optimizer state donated.
+    # Train step: the project's (AdamW, state donated, exact accumulation over micro-batches).
     Bt, T = sizes.train_batch, sizes.train_seq
     tx = optax.adamw(1e-4, weight_decay=0.01)
-    params = nnx.state(build_model(cfg, seed=1), nnx.Param)
-    opt_state = jax.jit(tx.init)(params)
-    step = make_train_step(graphdef, tx)
-    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, size=(Bt, T)), jnp.int32)
+    mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    train_graphdef, train_state, state_sharding = create_agent_state(cfg, tx, mesh, seed=1)
+    step = build_step(train_graphdef, tx, next_token_loss(train_graphdef), state_sharding, mesh,
+                      sizes.train_micro_batches)
+    batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, size=(Bt, T)), jnp.int32)}
     t0 = time.perf_counter()
-    compiled = step.lower(params, opt_state, tokens).compile()
+    compiled = step.jitted.lower(train_state, batch).compile()
     info["train_compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     if mem is not None:
         info["train_step_temp_gb"] = getattr(mem, "temp_size_in_bytes", 0) / 2**30
-    train_box = [params, opt_state]
+    train_box = [train_state]
 
     def train():
-        train_box[0], train_box[1], loss = compiled(train_box[0], train_box[1], tokens)
-        return loss
+        train_box[0], metrics = compiled(train_box[0], batch)
+        return metrics["loss"]
 
     info["train_loss_first"] = float(train())
     cases.append(Case("train", train, Bt * T))
@@ -284,6 +294,8 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         "prompt_len": sizes.prompt_len,
         "new_tokens": sizes.new_tokens,
         "train_batch": [sizes.train_batch, sizes.train_seq],
+        "train_micro_batches": sizes.train_micro_batches,
+        "decode_phases": sizes.decode_phases,
         "params": cfg.num_params(),
         "rounds": sizes.repeats,
         "load_avg_1m_start": os.getloadavg()[0],  # other processes on the machine skew every figure
@@ -350,10 +362,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); for tests")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--decode-phases", type=int, default=None,
+                        help="phases of the sampler's decode loop (1: one loop over the whole cache)")
+    parser.add_argument("--train-micro-batches", type=int, default=None,
+                        help="micro-batches the train step accumulates over (1: the whole batch at once)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else BenchSizes()
-    if args.repeats:
-        sizes = dataclasses.replace(sizes, repeats=args.repeats)
+    for field, value in (("repeats", args.repeats), ("decode_phases", args.decode_phases),
+                         ("train_micro_batches", args.train_micro_batches)):
+        if value is not None:
+            if value < 1:
+                parser.error(f"--{field.replace('_', '-')} must be >= 1, got {value}")
+            sizes = dataclasses.replace(sizes, **{field: value})
     figures = run(sizes, hf=not args.no_hf)
     for k, v in figures.items():
         if isinstance(v, float):
