@@ -30,6 +30,7 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.context_tokens = context_tokens  # episode budget; also the train step's sequence length
     agent.max_turns = max_turns
     agent.micro_batches = 1
+    agent.decode_phases = 1  # the sampler's decode loop in this many phases over growing caches (sampling)
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"

@@ -28,7 +28,11 @@ def _rl_records(workdir):
 
 @pytest.mark.slow
 def test_smoke_preset_runs_end_to_end(tmp_path):
-    summary = Trainer(_smoke(), str(tmp_path)).run()
+    config = _smoke()
+    config.main.decode_phases = 3  # the main agent samples in phases (same tokens as one loop)
+    trainer = Trainer(config, str(tmp_path))
+    assert (trainer.agents["main"].sampler.decode_phases, trainer.agents["sub"].sampler.decode_phases) == (3, 1)
+    summary = trainer.run()
     records = _rl_records(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     for key in ("main/reward", "sub/reward", "main/train/loss", "time/sampling_s", "eval/eval_gaia/accuracy"):
