@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from mgrpo_jax.model import CACHE_AXES
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, pad_prompts
 
 NO_STOP = -1  # filler of the per-row stop-token table
@@ -214,11 +215,8 @@ def generate(
         # Phase j runs on a cache of windows[j] slots (the slots its steps have filled by its end), so its
         # attention reads no empty slots; only the last phase runs on the whole (donated) cache.
         full = cache
-        for j, w in enumerate(windows):
-            if w == n_slots:
-                cache = _write_slots(full, carry[2])
-            else:
-                cache = _take_slots(full, w) if j == 0 else _pad_slots(carry[2], w)
+        for w in windows:
+            cache = _write_slots(full, carry[2]) if w == n_slots else _resize_slots(carry[2], w)
 
             last = min(max_new, w - P + 1)  # the phase's steps write slots P + step - 1 < w
 
@@ -243,19 +241,18 @@ def decode_windows(prompt_len: int, n_slots: int, max_new: int, phases: int) -> 
     return sorted(set(ends) - {n_slots}) + [n_slots]
 
 
-def _take_slots(cache: dict, w: int) -> dict:
-    """The first ``w`` slots of a cache (a copy)."""
-    return {"k": tuple(k[..., :w] for k in cache["k"]), "v": tuple(v[:, :, :w] for v in cache["v"]),
-            "mask": cache["mask"][:, :w]}
+def _resize_slots(cache: dict, w: int) -> dict:
+    """A copy of the cache with ``w`` slots: its first ``w``, or all of them followed by empty ones (zeros,
+    masked out)."""
 
+    def resize(x, name):
+        axis = CACHE_AXES[name].index("cache_slots")
+        n = x.shape[axis]
+        if w <= n:
+            return jax.lax.slice_in_dim(x, 0, w, axis=axis)
+        return jnp.pad(x, [(0, w - n) if a == axis else (0, 0) for a in range(x.ndim)])
 
-def _pad_slots(cache: dict, w: int) -> dict:
-    """The cache grown to ``w`` slots (the new slots are empty: zeros, masked out)."""
-    def pad(x, axis):
-        return jnp.pad(x, [(0, w - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
-
-    return {"k": tuple(pad(k, 3) for k in cache["k"]), "v": tuple(pad(v, 2) for v in cache["v"]),
-            "mask": pad(cache["mask"], 1)}
+    return {name: jax.tree.map(lambda x, name=name: resize(x, name), part) for name, part in cache.items()}
 
 
 def _write_slots(full: dict, part: dict) -> dict:

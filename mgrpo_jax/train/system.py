@@ -148,7 +148,7 @@ def build_agent(name: str, agent_cfg, tokenizer: Tokenizer, devices, seed: int, 
     graphdef, state, sharding = create_agent_state(model_config, optim_cfg or agent_cfg.optim, mesh, DEFAULT_RULES,
                                                    seed=seed)
     sampler = Sampler(model_from_state(graphdef, state), pad_id=tokenizer.pad_id,
-                      decode_phases=agent_cfg.get("decode_phases", 1))
+                      decode_phases=agent_cfg.decode_phases)
     log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.model, model_config.num_params() / 1e6,
              dict(mesh.shape))
     return Agent(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler)

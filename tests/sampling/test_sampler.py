@@ -230,10 +230,10 @@ def _assert_same_filled_slots(a: dict, b: dict):
             np.testing.assert_allclose(np.asarray(x)[filled], np.asarray(y)[filled], atol=1e-5)
 
 
-def test_input_validation(sampler):
+def test_input_validation(model, sampler):
     with pytest.raises(ValueError):
         sampler.generate(np.zeros((4, P), np.int32), [0, 1, 1, 1], max_new=MAX_NEW)
     with pytest.raises(ValueError):
         sampler.sample([[]], max_new=MAX_NEW)
     with pytest.raises(ValueError, match="decode_phases"):
-        Sampler(sampler_mod.nnx.merge(sampler.graphdef, sampler.state), decode_phases=0)
+        Sampler(model, decode_phases=0)
