@@ -221,6 +221,19 @@ def test_decode_phases_match_one_loop(model, sampler, prompts, phases):
             _assert_same_filled_slots(phased._caches[(4, P + MAX_NEW)], sampler._caches[(4, P + MAX_NEW)])
 
 
+def test_out_major_mlp_samples_the_same_tokens(model, prompts):
+    # The default on CPU devices: the MLP matrices transposed once per call (Transformer.layer_list).
+    out_major = Sampler(model, batch_buckets=(4,), length_buckets=(P,))
+    plain = Sampler(model, batch_buckets=(4,), length_buckets=(P,), mlp_out_major=False)
+    assert (out_major.mlp_out_major, plain.mlp_out_major) == (True, False)
+    for kw in (dict(rng=3, temperature=1.0), dict(rng=0, temperature=0.0)):
+        ref = plain.sample(prompts, max_new=MAX_NEW, **kw)
+        out = out_major.sample(prompts, max_new=MAX_NEW, **kw)
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_array_equal(out.lengths, ref.lengths)
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=LOGPROB_TOL, rtol=0)
+
+
 def _assert_same_filled_slots(a: dict, b: dict):
     """Slots [0, P + MAX_NEW - 1) of two caches agree (the last sampled token is never fed back)."""
     for name, axis in (("k", 3), ("v", 2)):
