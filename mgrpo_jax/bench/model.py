@@ -15,7 +15,11 @@ per-round ratios, so load from other processes that drifts during the run hits b
   1, no top-k/top-p, no stop tokens (every row generates all 256). tokens/s = batch * 256 / wall time of
   the whole call (prefill included, as in HF ``generate()``); ``decode_tokens_per_s`` is batch 32. The
   sampler runs with ``decode_phases`` (``--decode-phases``, default 8): the decode loop in that many
-  phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``).
+  phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``). The
+  batch is split over ``decode_devices`` CPU devices (``--decode-devices``, default one per core), the data
+  axis of the model's mesh: each core runs its rows' whole decode loop, instead of one loop whose small
+  matmuls XLA:CPU mostly runs on one core at a time. The sampler reads the MLP matrices out-major
+  (``Sampler.mlp_out_major``, on by default on CPU). The peer runs its 2 threads in one process.
 * ``prefill``: one cached forward over batch 32 x 128 prompt tokens; tokens/s = 32 * 128 / time.
 * ``train``: one AdamW update on batch 32 x 384 tokens (next-token cross-entropy) by the project's train
   step (``mgrpo_jax.train.step.build_step``: jitted once, state donated, gradient norm and non-finite guard
@@ -55,8 +59,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from mgrpo_jax.bench.common import emit, time_call
-from mgrpo_jax.model import Transformer, get_model_config, make_mesh
+from mgrpo_jax.bench.common import emit, host_devices, time_call
+from mgrpo_jax.model import Transformer, get_model_config, make_mesh, shard_model
 from mgrpo_jax.sampling import NO_STOP, Sampler
 from mgrpo_jax.train.state import create_agent_state
 from mgrpo_jax.train.step import build_step
@@ -74,13 +78,14 @@ class BenchSizes:
     matmul_n: int = 2048
     repeats: int = 3
     decode_phases: int = 8
+    decode_devices: int = 0  # CPU devices the decode batch is split over (data axis); 0: one per core
     train_micro_batches: int = 8
     overrides: tuple[tuple[str, object], ...] = ()
 
 
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
                    train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
-                   train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
+                   decode_devices=2, train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
 
 
 # --------------------------------------------------------------------------------------------- peak
@@ -157,7 +162,13 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
     cases: list[Case] = []
     model = build_model(cfg)
     rng = np.random.default_rng(0)
-    sampler = Sampler(model, pad_id=0, decode_phases=sizes.decode_phases)
+    n = sizes.decode_devices
+    if n > len(jax.devices()) or any(B % n for B in sizes.decode_batches):
+        raise ValueError(f"decode_devices={n}: must divide the decode batches {sizes.decode_batches} and "
+                         f"be at most the {len(jax.devices())} devices JAX has")
+    mesh = make_mesh({"data": n, "fsdp": 1, "tensor": 1}, jax.devices()[:n])
+    sampler = Sampler(shard_model(model, mesh), pad_id=0, decode_phases=sizes.decode_phases)
+    info["decode_mlp_out_major"] = sampler.mlp_out_major
     P, N = sizes.prompt_len, sizes.new_tokens
     for B in sizes.decode_batches:
         prompts = rng.integers(0, cfg.vocab_size, size=(B, P)).astype(np.int32)
@@ -296,6 +307,7 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         "train_batch": [sizes.train_batch, sizes.train_seq],
         "train_micro_batches": sizes.train_micro_batches,
         "decode_phases": sizes.decode_phases,
+        "decode_devices": sizes.decode_devices,
         "params": cfg.num_params(),
         "rounds": sizes.repeats,
         "load_avg_1m_start": os.getloadavg()[0],  # other processes on the machine skew every figure
@@ -364,16 +376,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--decode-phases", type=int, default=None,
                         help="phases of the sampler's decode loop (1: one loop over the whole cache)")
+    parser.add_argument("--decode-devices", type=int, default=None,
+                        help="CPU devices our decode batch is split over (default: one per core; 1: one "
+                             "device, its matmuls threaded over the cores)")
     parser.add_argument("--train-micro-batches", type=int, default=None,
                         help="micro-batches the train step accumulates over (1: the whole batch at once)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else BenchSizes()
     for field, value in (("repeats", args.repeats), ("decode_phases", args.decode_phases),
+                         ("decode_devices", args.decode_devices),
                          ("train_micro_batches", args.train_micro_batches)):
         if value is not None:
             if value < 1:
                 parser.error(f"--{field.replace('_', '-')} must be >= 1, got {value}")
             sizes = dataclasses.replace(sizes, **{field: value})
+    sizes = dataclasses.replace(sizes, decode_devices=sizes.decode_devices or os.cpu_count() or 1)
+    host_devices(sizes.decode_devices)  # before JAX runs anything
     figures = run(sizes, hf=not args.no_hf)
     for k, v in figures.items():
         if isinstance(v, float):

@@ -21,6 +21,14 @@ def test_quick_benchmark_emits_one_json_line(capsys):
         assert key in parsed and parsed[key] > 0, key
     assert parsed["decode_tokens_per_s"] == figures["decode_tokens_per_s"]
     assert parsed["new_tokens"] == bench.QUICK.new_tokens
+    # Decode batch split over 2 CPU devices (conftest gives JAX 8), the MLP read out-major.
+    assert parsed["decode_devices"] == 2 and parsed["decode_mlp_out_major"] is True
+
+
+def test_decode_devices_must_divide_the_batch():
+    with pytest.raises(ValueError, match="decode_devices=3"):
+        bench.setup_ours(bench.get_model_config("tiny", n_layers=1, vocab_size=256),
+                         dataclasses.replace(bench.QUICK, decode_devices=3))
 
 
 def test_flop_count_of_bench_shape():
