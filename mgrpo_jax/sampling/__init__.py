@@ -24,6 +24,7 @@ from mgrpo_jax.sampling.sampler import (
     decode_windows,
     filter_logits,
     generate,
+    inverse_cdf,
     sample_logits,
     stop_table,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "decode_windows",
     "filter_logits",
     "generate",
+    "inverse_cdf",
     "pad_prompts",
     "pow2_buckets",
     "sample_logits",

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mgrpo_jax.sampling import bucket, filter_logits, pad_prompts, pow2_buckets, sample_logits, stop_table
+from mgrpo_jax.sampling import (bucket, filter_logits, inverse_cdf, pad_prompts, pow2_buckets, sample_logits,
+                                stop_table)
 
 
 def _logits(b=6, v=50, seed=0):
@@ -69,16 +70,52 @@ def test_greedy_rows_mixed_with_sampled_rows():
 
 
 @pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (7, 1.0), (0, 0.8)])
-def test_draws_are_jax_categorical_of_the_filtered_logits_and_greedy_takes_the_first_max(top_k, top_p):
+def test_greedy_takes_the_first_max_and_sampled_rows_stay_inside_the_filters(top_k, top_p):
     x = _logits(b=8).at[1, 3].set(50.0).at[1, 9].set(50.0)  # row 1: a tie at the top
     temp = jnp.asarray([0.7, 0.0, 1.0, 0.0, 1.3, 1.0, 0.0, 2.0])
-    keys = jax.random.split(jax.random.key(4), 8)
-    tok, _ = jax.jit(sample_logits, static_argnums=(3, 4))(x, keys, temp, top_k, top_p)
     safe_t = jnp.where(temp <= 0, 1.0, temp)
-    drawn = jax.vmap(jax.random.categorical)(keys, filter_logits(x, safe_t, top_k, top_p))
-    want = np.where(np.asarray(temp) <= 0, np.asarray(x).argmax(-1), np.asarray(drawn))
-    np.testing.assert_array_equal(np.asarray(tok), want)
-    assert int(tok[1]) == 3
+    kept = np.isfinite(np.asarray(filter_logits(x, safe_t, top_k, top_p)))
+    fn = jax.jit(sample_logits, static_argnums=(3, 4))
+    for seed in range(20):
+        tok = np.asarray(fn(x, jax.random.split(jax.random.key(seed), 8), temp, top_k, top_p)[0])
+        greedy = np.asarray(temp) <= 0
+        np.testing.assert_array_equal(tok[greedy], np.asarray(x).argmax(-1)[greedy])  # first max: 3 in row 1
+        assert kept[np.arange(8), tok].all()
+
+
+def test_inverse_cdf_by_hand():
+    # V = 20 -> blocks of 8: [0 1 0 3 0 0 0 0 | 0 ... | 2 0 0 0]; masses 4, 0, 2 (total 6).
+    w = np.zeros((1, 20), np.float32)
+    w[0, [1, 3, 16]] = [1.0, 3.0, 2.0]
+    cases = {  # (u0, u1) -> index
+        (0.0, 0.0): 1,  # threshold 0: the first positive weight (how greedy rows use it)
+        (0.5, 0.2): 1,  # 0.5 * 6 = 3 < 4: block 0; 0.2 * 4 = 0.8 < 1: index 1
+        (0.5, 0.25): 3,  # 0.25 * 4 = 1 is not below index 1's cumulative weight 1: index 3
+        (0.6, 0.99): 3,
+        (4 / 6 + 1e-3, 0.0): 16,  # past block 0's mass, the empty block 1 is skipped
+        (0.9999999, 0.9999999): 16,  # never a zero-weight index, even at the top of the range
+    }
+    for (u0, u1), want in cases.items():
+        got = int(inverse_cdf(jnp.asarray(w), jnp.asarray([[u0, u1]], jnp.float32))[0])
+        assert got == want, ((u0, u1), got, want)
+    assert int(inverse_cdf(jnp.zeros((1, 20)), jnp.asarray([[0.3, 0.3]]))[0]) == 0  # no weight at all
+
+
+def test_inverse_cdf_draws_a_large_vocabulary_at_its_rates():
+    """Two-stage draws over V = 300 (blocks of 32, the last one padded) match the distribution, including
+    its small probabilities (a chi-square statistic over the tokens expected 5+ times)."""
+    x = jax.random.normal(jax.random.key(11), (1, 300)) * 2.0
+    probs = np.asarray(jax.nn.softmax(x))[0].astype(np.float64)
+    n = 60000
+    u = jax.random.uniform(jax.random.key(12), (n, 2))
+    tok = np.asarray(jax.jit(inverse_cdf)(jnp.repeat(jnp.exp(x - x.max()), n, axis=0), u))
+    counts = np.bincount(tok, minlength=300)
+    expected = probs * n
+    big = expected >= 5
+    chi2 = (((counts - expected) ** 2 / expected)[big]).sum()
+    dof = big.sum() - 1
+    assert chi2 < dof + 6 * np.sqrt(2 * dof), (chi2, dof)  # a 6-sigma bound on the statistic
+    assert counts[~big].sum() < 3 * expected[~big].sum() + 30
 
 
 def test_tiny_top_p_and_top_k_one_are_greedy():
