@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mgrpo_jax.sampling import (bucket, filter_logits, inverse_cdf, pad_prompts, pow2_buckets, sample_logits,
-                                stop_table)
+from mgrpo_jax.sampling import bucket, filter_logits, inverse_cdf, pad_prompts, pow2_buckets, sample_logits, stop_table
 
 
 def _logits(b=6, v=50, seed=0):
