@@ -18,8 +18,8 @@ per-round ratios, so load from other processes that drifts during the run hits b
   phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``). The
   batch is split over ``decode_devices`` CPU devices (``--decode-devices``, default one per core), the data
   axis of the model's mesh: each core runs its rows' whole decode loop, instead of one loop whose small
-  matmuls XLA:CPU mostly runs on one core at a time. The sampler reads the MLP matrices out-major
-  (``Sampler.mlp_out_major``, on by default on CPU). The peer runs its 2 threads in one process.
+  matmuls XLA:CPU mostly runs on one core at a time. The sampler reads the MLP matrices and the LM head
+  out-major (``Sampler.out_major``, on by default on CPU). The peer runs its 2 threads in one process.
 * ``prefill``: one cached forward over batch 32 x 128 prompt tokens; tokens/s = 32 * 128 / time.
 * ``train``: one AdamW update on batch 32 x 384 tokens (next-token cross-entropy) by the project's train
   step (``mgrpo_jax.train.step.build_step``: jitted once, state donated, gradient norm and non-finite guard
@@ -168,7 +168,7 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
                          f"be at most the {len(jax.devices())} devices JAX has")
     mesh = make_mesh({"data": n, "fsdp": 1, "tensor": 1}, jax.devices()[:n])
     sampler = Sampler(shard_model(model, mesh), pad_id=0, decode_phases=sizes.decode_phases)
-    info["decode_mlp_out_major"] = sampler.mlp_out_major
+    info["decode_out_major"] = sampler.out_major
     P, N = sizes.prompt_len, sizes.new_tokens
     for B in sizes.decode_batches:
         prompts = rng.integers(0, cfg.vocab_size, size=(B, P)).astype(np.int32)

@@ -326,7 +326,7 @@ def _dense_bwd(res, g):
 _dense2d.defvjp(_dense_fwd, _dense_bwd)
 
 
-MLP_MATRICES = ("gate", "up", "down")  # the [in, out] matrices ``layer_list(mlp_out_major=True)`` transposes
+MLP_MATRICES = ("gate", "up", "down")  # the [in, out] matrices ``layer_list(out_major=True)`` transposes
 
 
 def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
@@ -398,32 +398,40 @@ class Transformer(nnx.Module):
 
     # -- forward ------------------------------------------------------------------------------------
 
-    def layer_list(self, mlp_out_major: bool = False) -> list[dict[str, jax.Array]]:
+    def layer_list(self, out_major: bool = False) -> list[dict[str, jax.Array]]:
         """Each layer's parameters, sliced out of the stacked arrays (pass them back as ``layers=``).
 
-        ``mlp_out_major``: the MLP matrices transposed to ``[out, in]``, under ``gate_t`` / ``up_t`` /
-        ``down_t`` instead of ``gate`` / ``up`` / ``down`` (same values from the forward). A decode step
-        multiplies a few rows by each matrix, so the matrix streams from memory once per token; XLA:CPU's
-        matmul (YNNPACK) reads an ``[out, in]`` matrix row by row, contiguously, and at the bench shape a
-        decode call is 4-10% faster (``mgrpo_jax.bench.model``). Costs one copy of the MLP weights for as
-        long as the list lives.
+        ``out_major``: the MLP matrices transposed to ``[out, in]``, under ``gate_t`` / ``up_t`` /
+        ``down_t`` instead of ``gate`` / ``up`` / ``down`` (same values from the forward; with
+        ``head_out_major`` for the LM head). A decode step multiplies a few rows by each matrix, so the matrix
+        streams from memory once per token; XLA:CPU's matmul (YNNPACK) reads an ``[out, in]`` matrix row by
+        row, contiguously. At the bench shape a decode call is 5-8% faster with the MLP out-major, 2-3% more
+        with the head (``mgrpo_jax.bench.model``). Costs one copy of those weights for as long as the list
+        lives. The attention projections gained nothing measurable and stay as they are.
         """
         stacked = self.layers.arrays()
         layers = [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.n_layers)]
-        if mlp_out_major:
+        if out_major:
             for lp in layers:
                 for name in MLP_MATRICES:
                     lp[name + "_t"] = jnp.transpose(lp.pop(name))
         return layers
 
+    def head_out_major(self) -> jax.Array:
+        """The LM head as ``[vocab, d_model]`` (pass it back as ``head=``): the tied embedding itself, else
+        ``lm_head`` transposed (once, outside a decode loop; see ``layer_list``)."""
+        return self.embed[...] if self.cfg.tie_embeddings else jnp.transpose(self.lm_head[...])
+
     def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None,
-                 layers=None):
+                 layers=None, head=None):
         """``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
         prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model).
 
         ``layers``: this model's ``layer_list()``, computed once outside a loop that calls the model many times
         (the sampler's decode loop). An unrolled forward slices each layer's weights out of the stacked
-        arrays, and XLA does not hoist those copies out of a ``while`` loop by itself."""
+        arrays, and XLA does not hoist those copies out of a ``while`` loop by itself.
+
+        ``head``: this model's ``head_out_major()``, computed once outside such a loop."""
         cfg, mr = self.cfg, self.mesh_rules
         cdt = cfg.compute_dtype
         B, T = tokens.shape
@@ -491,9 +499,10 @@ class Transformer(nnx.Module):
         if logits_at is not None:
             x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)
         x = rms_norm(x, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
-        if cfg.tie_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, self.embed[...].astype(cdt),
-                                preferred_element_type=jnp.float32)
+        if head is None and cfg.tie_embeddings:
+            head = self.embed[...]
+        if head is not None:  # [vocab, d_model]
+            logits = jnp.einsum("btd,vd->btv", x, head.astype(cdt), preferred_element_type=jnp.float32)
         else:
             logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(cdt),
                                 preferred_element_type=jnp.float32)

@@ -158,7 +158,7 @@ def generate(
     top_p: float = 1.0,
     pad_id: int = 0,
     decode_phases: int = 1,
-    mlp_out_major: bool = False,
+    out_major: bool = False,
 ) -> tuple[SampleOutput, dict]:
     """Prefill + decode loop (pure; call it under ``jax.jit``). Returns ``(SampleOutput, cache)``.
 
@@ -172,8 +172,9 @@ def generate(
     compiled loop body per phase (compile time grows with ``n``) and up to one more cache's worth of memory.
     Same tokens and log-probs as one loop, up to float summation order.
 
-    ``mlp_out_major``: the layers' MLP matrices are transposed to ``[out, in]`` once per call, outside the
-    loops (``Transformer.layer_list``); the layout XLA:CPU's matmul streams fastest. Same values.
+    ``out_major``: the layers' MLP matrices and the LM head are transposed to ``[out, in]`` once per call,
+    outside the loops (``Transformer.layer_list``, ``Transformer.head_out_major``); the layout XLA:CPU's
+    matmul streams fastest. Same values.
     """
     B, P = prompts.shape
     n_slots = cache["mask"].shape[1]
@@ -186,12 +187,13 @@ def generate(
     # <= s, and every one of those is (re)written by this call before it is read.
 
     # Each layer's weights sliced once, not once per token inside the decode loop.
-    layers = model.layer_list(mlp_out_major=mlp_out_major)
+    layers = model.layer_list(out_major=out_major)
+    head = model.head_out_major() if out_major else None
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]
     logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=0,
-                          logits_at=prompt_lengths - 1, layers=layers)
+                          logits_at=prompt_lengths - 1, layers=layers, head=head)
     last = logits[:, 0]
 
     def draw(step, logits_step, done):
@@ -232,7 +234,7 @@ def generate(
         slot = P + step - 1
         positions = (prompt_lengths + step - 1)[:, None]
         logits, cache = model(prev_tok[:, None], positions, attention_mask=jnp.ones((B, 1), jnp.bool_),
-                              cache=cache, cache_index=slot, layers=layers)
+                              cache=cache, cache_index=slot, layers=layers, head=head)
         tok, lp = draw(step, logits[:, 0], rec[2])
         return step + 1, tok, cache, record(rec, step, tok, lp)
 
@@ -290,15 +292,15 @@ def _write_slots(full: dict, part: dict) -> dict:
 
 @functools.partial(
     jax.jit, static_argnums=(0,),
-    static_argnames=("max_new", "top_k", "top_p", "pad_id", "decode_phases", "mlp_out_major"),
+    static_argnames=("max_new", "top_k", "top_p", "pad_id", "decode_phases", "out_major"),
     donate_argnames=("cache",),
 )
 def _generate_jit(graphdef, state, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
-                  *, max_new, top_k, top_p, pad_id, decode_phases, mlp_out_major):
+                  *, max_new, top_k, top_p, pad_id, decode_phases, out_major):
     model = nnx.merge(graphdef, state)
     return generate(model, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
                     max_new=max_new, top_k=top_k, top_p=top_p, pad_id=pad_id, decode_phases=decode_phases,
-                    mlp_out_major=mlp_out_major)
+                    out_major=out_major)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -346,14 +348,14 @@ class Sampler:
     ``top_k`` / ``top_p`` are fixed per sampler (part of the compiled shape; 0 / 1.0 switch them off);
     temperature (per row, 0 = greedy), stop tokens, budgets and keys are per call. ``decode_phases``: see
     :func:`generate` (1, the default, decodes over the whole cache in one loop; more phases read less cache
-    per token and compile longer). ``mlp_out_major``: see :func:`generate`; ``None`` (the default) turns it
+    per token and compile longer). ``out_major``: see :func:`generate`; ``None`` (the default) turns it
     on when the weights live on CPU devices.
     """
 
     def __init__(self, model, *, pad_id: int = 0, top_k: int = 0, top_p: float = 1.0,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS, cache_dtype=None,
-                 decode_phases: int = 1, mlp_out_major: bool | None = None):
+                 decode_phases: int = 1, out_major: bool | None = None):
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
         self.mesh_rules = getattr(model, "mesh_rules", None)
@@ -366,10 +368,10 @@ class Sampler:
         if int(decode_phases) < 1:
             raise ValueError(f"decode_phases must be >= 1, got {decode_phases}")
         self.decode_phases = int(decode_phases)
-        if mlp_out_major is None:  # a CPU layout preference (see generate); other backends pick their own
+        if out_major is None:  # a CPU layout preference (see generate); other backends pick their own
             platforms = {d.platform for leaf in jax.tree.leaves(self.state) for d in leaf.devices()}
-            mlp_out_major = platforms == {"cpu"}
-        self.mlp_out_major = bool(mlp_out_major)
+            out_major = platforms == {"cpu"}
+        self.out_major = bool(out_major)
         self._caches: dict[tuple[int, int], dict] = {}
         if self.mesh_rules is not None:
             data = self.mesh_rules.spec(("act_batch",))
@@ -445,7 +447,7 @@ class Sampler:
         )
         out, cache = _generate_jit(self.graphdef, self.state, cache, *args, max_new=int(max_new),
                                    top_k=self.top_k, top_p=self.top_p, pad_id=self.pad_id,
-                                   decode_phases=self.decode_phases, mlp_out_major=self.mlp_out_major)
+                                   decode_phases=self.decode_phases, out_major=self.out_major)
         self._caches[(B, P + max_new)] = cache
         return out
 

@@ -22,7 +22,7 @@ def test_quick_benchmark_emits_one_json_line(capsys):
     assert parsed["decode_tokens_per_s"] == figures["decode_tokens_per_s"]
     assert parsed["new_tokens"] == bench.QUICK.new_tokens
     # Decode batch split over 2 CPU devices (conftest gives JAX 8), the MLP read out-major.
-    assert parsed["decode_devices"] == 2 and parsed["decode_mlp_out_major"] is True
+    assert parsed["decode_devices"] == 2 and parsed["decode_out_major"] is True
 
 
 def test_decode_devices_must_divide_the_batch():

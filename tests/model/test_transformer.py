@@ -228,26 +228,30 @@ def test_precomputed_layer_list_gives_the_same_cached_forward():
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_out_major_mlp_layer_list_gives_the_same_forward(name):
+def test_out_major_weights_give_the_same_forward(name):
     cfg = _cfg(name)
     model = _model(cfg)
-    plain, out_major = model.layer_list(), model.layer_list(mlp_out_major=True)
+    plain, out_major = model.layer_list(), model.layer_list(out_major=True)
     for a, b in zip(plain, out_major, strict=True):
         assert set(b) == set(a) - {"gate", "up", "down"} | {"gate_t", "up_t", "down_t"}
         for m in ("gate", "up", "down"):
             np.testing.assert_array_equal(np.asarray(b[m + "_t"]), np.asarray(a[m]).T)
+    head = model.embed[...] if cfg.tie_embeddings else model.lm_head[...].T
+    np.testing.assert_array_equal(np.asarray(model.head_out_major()), np.asarray(head))
     B, T = 2, 6
     tok = jax.random.randint(jax.random.key(7), (B, T), 0, cfg.vocab_size)
     pos = _positions(B, T)
 
     @functools.partial(nnx.jit, static_argnums=1)
-    def run(model, mlp_out_major):
-        layers = model.layer_list(mlp_out_major=mlp_out_major)
-        full = model(tok, pos, layers=layers)[0]
+    def run(model, out_major):
+        layers = model.layer_list(out_major=out_major)
+        head = model.head_out_major() if out_major else None
+        full = model(tok, pos, layers=layers, head=head)[0]
         # A prefill of T - 1 tokens, then one cached decode step: the sampler's two calls.
         cache = model.init_cache(B, T)
-        _, cache = model(tok[:, :-1], pos[:, :-1], cache=cache, cache_index=0, layers=layers)
-        step = model(tok[:, -1:], pos[:, -1:], cache=cache, cache_index=jnp.int32(T - 1), layers=layers)[0]
+        _, cache = model(tok[:, :-1], pos[:, :-1], cache=cache, cache_index=0, layers=layers, head=head)
+        step = model(tok[:, -1:], pos[:, -1:], cache=cache, cache_index=jnp.int32(T - 1), layers=layers,
+                     head=head)[0]
         return full, step
 
     (full_a, step_a), (full_b, step_b) = run(model, False), run(model, True)

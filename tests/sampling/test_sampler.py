@@ -221,11 +221,11 @@ def test_decode_phases_match_one_loop(model, sampler, prompts, phases):
             _assert_same_filled_slots(phased._caches[(4, P + MAX_NEW)], sampler._caches[(4, P + MAX_NEW)])
 
 
-def test_out_major_mlp_samples_the_same_tokens(model, prompts):
-    # The default on CPU devices: the MLP matrices transposed once per call (Transformer.layer_list).
+def test_out_major_weights_sample_the_same_tokens(model, prompts):
+    # The default on CPU devices: the MLP matrices and the LM head transposed once per call.
     out_major = Sampler(model, batch_buckets=(4,), length_buckets=(P,))
-    plain = Sampler(model, batch_buckets=(4,), length_buckets=(P,), mlp_out_major=False)
-    assert (out_major.mlp_out_major, plain.mlp_out_major) == (True, False)
+    plain = Sampler(model, batch_buckets=(4,), length_buckets=(P,), out_major=False)
+    assert (out_major.out_major, plain.out_major) == (True, False)
     for kw in (dict(rng=3, temperature=1.0), dict(rng=0, temperature=0.0)):
         ref = plain.sample(prompts, max_new=MAX_NEW, **kw)
         out = out_major.sample(prompts, max_new=MAX_NEW, **kw)
