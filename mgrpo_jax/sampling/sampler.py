@@ -98,9 +98,9 @@ def sample_logits(
     unfiltered model log-prob for greedy rows (module docstring).
 
     Sampled rows invert the distribution's CDF with two uniforms per row (:func:`inverse_cdf`) instead of
-    adding Gumbel noise to every logit: the noise was a third of the cost of a decode step's sampling at
-    the bench shape (threefry bits for each of the V logits, each token). Greedy rows take the first
-    maximum: the same search over the indicator of the maxima, at threshold 0.
+    adding Gumbel noise to every logit: threefry bits for each of the V logits on every token cost about 4%
+    of a decode call at the bench shape (62 against 9 ms per 256 steps of 16 rows). Greedy rows take the
+    first maximum: the same search over the indicator of the maxima, at threshold 0.
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
