@@ -503,6 +503,7 @@ __all__ = [
     "Sampler",
     "filter_logits",
     "generate",
+    "inverse_cdf",
     "sample_logits",
     "stop_table",
 ]
