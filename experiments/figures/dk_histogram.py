@@ -2,7 +2,7 @@
 
     python -m experiments.figures.dk_histogram [--root runs/figures] [--plot-only]
 
-Counts are summed over every stage-2 step of the three `mgrpo` seeds, split into the first and second half
+Counts are summed over every stage-2 step of the `mgrpo` seeds, split into the first and second half
 of training; the 99th percentile (the paper's choice of D) is marked.
 """
 
@@ -20,11 +20,14 @@ def dk_rows(name: str) -> list[dict]:
     return [row for row in runs.rl_rows(name) if "d_k/hist/0" in row]
 
 
-def histogram(names, steps: slice | None = None) -> np.ndarray:
-    """Summed d_k counts (entry i: rollouts with i sub-calls, the last bin open-ended) of the runs' RL steps."""
+def histogram(names, steps: slice | None = None, read=None) -> np.ndarray:
+    """Summed d_k counts (entry i: rollouts with i sub-calls, the last bin open-ended) of the runs' RL steps.
+
+    `read(name)` gives a run's rows that logged the histogram (default: `dk_rows`, from the committed logs).
+    """
     total = None
     for name in names:
-        for row in dk_rows(name)[steps or slice(None)]:
+        for row in (read or dk_rows)(name)[steps or slice(None)]:
             bins = sorted(int(k.rsplit("/", 1)[1]) for k in row if k.startswith("d_k/hist/"))
             counts = np.asarray([row[f"d_k/hist/{i}"] for i in bins], np.int64)
             total = counts if total is None else total + counts
@@ -58,7 +61,8 @@ def main(argv=None) -> dict:
            title="How often the main agent delegates (mgrpo, stage 2)", xticks=d)
     ax.legend()
     runs.save_png(fig, FIGURE)
-    results = {"counts": everything.tolist(), "p99": p99, "mean": float((d * everything).sum() / everything.sum()),
+    results = {"counts": everything.tolist(), "p99": p99, "n_seeds": len(names),
+               "mean": float((d * everything).sum() / everything.sum()),
                **{f"fraction/{k}": (v / max(v.sum(), 1)).round(4).tolist() for k, v in parts.items()}}
     runs.save_results(FIGURE, results)
     return results

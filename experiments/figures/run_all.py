@@ -1,17 +1,23 @@
-"""Every figure of the paper in miniature, in one command (about 2 hours on a quiet 2-core CPU; resumable).
+"""Every figure of the paper in miniature, and the ablations, in one command (resumable).
 
-    python -m experiments.figures.run_all [--root runs/figures] [--jobs 2] [--plot-only]
+    python -m experiments.figures.run_all [--root runs/figures] [--jobs 2] [--seeds 5] [--d-low D] [--d-high D]
+    python -m experiments.figures.run_all --plot-only   # redraw from experiments/figures/logs, no training
+    python -m experiments.figures.run_all --table       # print the README's results tables from results/*.json
 
-Trains every run the figures need (experiments/figures/runs.py), two at a time by default, then draws Figs.
-5-8, the d_k histogram and the longer-warm-start follow-up, and writes the case studies. Interrupt it at any
-point and start it again: finished runs are kept, unfinished ones resume from their last checkpoint.
+Trains every run the figures need (experiments/figures/runs.py; `--seeds` seeds per curve), `--jobs` at a time,
+then draws Figs. 5-8, the d_k histogram and the three ablations, writes results/*.json (each claimed ordering
+with its last-window difference, bootstrap 95 % interval over seeds and verdict, `stats.py`), and writes the
+case studies. Interrupt it at any point and start it again: finished runs are kept, unfinished ones resume
+from their last checkpoint.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from experiments.figures import (
+    ablations,
     case_studies,
     dk_histogram,
     fig5_stage1_reward,
@@ -19,22 +25,29 @@ from experiments.figures import (
     fig7_stage2_reward,
     fig8_sync,
     runs,
+    table,
 )
 
-FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram)
+FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram, ablations)
 
 
 def main(argv=None) -> None:
-    args = runs.parse_args(__doc__, argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table", action="store_true", help="print the README tables from results/*.json only")
+    args = runs.parse_args(__doc__, argv, parser)
+    if args.table:
+        table.main([])
+        return
     start = time.monotonic()
     if not args.plot_only:
         runs.ensure(list(runs.RUNS), args.root, args.jobs)
-        print(f"[figures] all runs finished in {(time.monotonic() - start) / 60:.1f} min", flush=True)
-    flags = ["--root", args.root, "--plot-only"]
+        print(f"[figures] all {len(runs.RUNS)} runs finished in {(time.monotonic() - start) / 60:.1f} min", flush=True)
+    flags = ["--root", args.root, "--plot-only", "--seeds", str(len(runs.SEEDS))]
     for figure in FIGURES:
         figure.main(flags)
     if not args.plot_only:
         case_studies.main(["--root", args.root])
+    print(table.render(), end="")
 
 
 if __name__ == "__main__":

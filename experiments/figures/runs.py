@@ -2,17 +2,20 @@
 
 Every run is `launch/tpu_run.py` in a subprocess with its own workdir under `--root` (default
 `runs/figures`), so each is resumable (a restarted run continues from its latest checkpoint) and a finished
-one is never run twice. The lineage is the paper's curriculum:
+one is never run twice. The lineage is the paper's curriculum, with `SEEDS` seeds per curve:
 
-    warm_mgrpo  -> stage1_mgrpo_s{0,1,2}           (Fig. 5)
-                   stage1_mgrpo_s0 -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{0,1,2}   (Figs. 6-8, d_k)
-    warm_single -> stage1_single_s0 -> stage2_single_agent_s{0,1,2}                    (Fig. 7)
+    warm_mgrpo  -> stage1_mgrpo_s{0..4}                                          (Fig. 5)
+                   stage1_mgrpo_s0 -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{0..4}   (Figs. 6-8, d_k)
+                                   -> abl_{align_mask,beta_noexpert,dmax_low,dmax_high}_s{0..4} (ablations)
+    warm_single -> stage1_single_s0 -> stage2_single_agent_s{0..4}                    (Fig. 7)
 
 Warm starts are shared (supervised cloning of the scripted experts, run once per architecture); every stage-2
 run of the multi-agent system starts from the same stage-1 checkpoint, and seeds change only the RL sampling,
-the question order and the alignment draws. A finished run's `metrics.jsonl` is copied to
-`experiments/figures/logs/<run>.jsonl`; the figure scripts plot from those copies, so the committed logs
-redraw every figure without re-training (`--plot-only`).
+the question order and the alignment draws. The ablations are stage-2 `mgrpo` runs with one setting changed;
+the D ablation's two values are chosen from the d_k histogram of the finished stage-2 `mgrpo` runs (below and
+above its 99th percentile, `dmax_choice`), so those runs wait for them. A finished run's `metrics.jsonl` is
+copied to `experiments/figures/logs/<run>.jsonl`; the figure scripts plot from those copies, so the committed
+logs redraw every figure without re-training (`--plot-only`).
 """
 
 from __future__ import annotations
@@ -28,16 +31,28 @@ import time
 
 import numpy as np
 
+from experiments.figures import stats
 from mgrpo_jax.train.metrics import ema_curve, read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(REPO, "experiments", "figures")
 LOGS = os.path.join(HERE, "logs")
-SEEDS = (0, 1, 2)
+N_SEEDS = 5  # seeds per curve (`--seeds N` for a quicker, weaker partial set)
+SEEDS = tuple(range(N_SEEDS))
 STAGE2_MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
 NO_EVAL = (("train.eval_every", 0), ("train.eval_at_start", False))
-# Stage 2 runs 12 steps (evaluations at 0, 6 and 12) to keep the whole set near 2 hours; stage 1 the preset's 16.
-STAGE2 = (("train.steps", 12), ("train.eval_every", 6))
+# Both stages run the preset's `train.steps` (and stage 2 evaluates every `train.eval_every`); an int here gives
+# stage 2 its own length, with evaluations at its start, middle and end.
+STAGE2_STEPS: int | None = None
+# The ablations (stage-2 mgrpo with one setting changed; no evaluations), compared with stage2_mgrpo_s*.
+ABLATIONS = {
+    "align_mask": (("rollout.align_mode", "mask"),),  # pad d_k < D with weight-0 slots, not copies
+    "beta_noexpert": (("rewards.beta", "(0.1,0.9,0.0)"),),  # R_S without the expert term
+    "dmax_low": (("rollout.d_max", "dmax:low"),),  # D below the 99th percentile of d_k
+    "dmax_high": (("rollout.d_max", "dmax:high"),),  # D above it
+}
+DMAX_FILE = "dmax.json"
+DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +62,12 @@ class Run:
     stage: str
     seed: int = 0
     init: str | None = None  # the run whose final checkpoint starts this one
-    overrides: tuple = ()  # (config key, value) pairs on top of the `figures` preset
+    overrides: tuple = ()  # (config key, value) pairs on top of the `figures` preset; "dmax:<arm>" resolved late
+    after: tuple = ()  # runs that must finish before this one starts (besides `init`)
+
+    @property
+    def needs(self) -> tuple:
+        return ((self.init,) if self.init else ()) + tuple(self.after)
 
     def command(self, root: str) -> list[str]:
         cmd = [sys.executable, os.path.join(REPO, "launch", "tpu_run.py"),
@@ -55,32 +75,52 @@ class Run:
                f"--workdir={workdir(root, self.name)}", f"--config.seed={self.seed}", f"--config.stage={self.stage}"]
         if self.init:
             cmd.append(f"--config.init_checkpoint={workdir(root, self.init)}")
-        cmd += [f"--config.{key}={value}" for key, value in self.overrides]
+        cmd += [f"--config.{key}={resolve(root, value)}" for key, value in self.overrides]
         return cmd
 
 
-def _registry() -> dict[str, Run]:
+def resolve(root: str, value):
+    """An override's value; "dmax:low" / "dmax:high" become the D chosen from the stage-2 d_k histogram."""
+    if isinstance(value, str) and value.startswith("dmax:"):
+        return dmax_choice(root)[value.split(":", 1)[1]]
+    return value
+
+
+def _stage2(evaluate: bool) -> tuple:
+    """A stage-2 run's overrides: its length (`STAGE2_STEPS`), and no evaluations unless `evaluate`."""
+    steps = (("train.steps", STAGE2_STEPS), ("train.eval_every", max(1, STAGE2_STEPS // 2))) if STAGE2_STEPS else ()
+    return steps if evaluate else steps[:1] + NO_EVAL
+
+
+def _registry(seeds=SEEDS) -> dict[str, Run]:
     warm = (("train.steps", 0), ("train.eval_at_start", False))
     runs = [Run("warm_mgrpo", "mgrpo", "stage1", overrides=warm),
             Run("warm_single", "single_agent", "stage1", overrides=warm),
             Run("stage1_single_s0", "single_agent", "stage1", 0, "warm_single", NO_EVAL)]
-    runs += [Run(f"stage1_mgrpo_s{s}", "mgrpo", "stage1", s, "warm_mgrpo", NO_EVAL) for s in SEEDS]
+    runs += [Run(f"stage1_mgrpo_s{s}", "mgrpo", "stage1", s, "warm_mgrpo", NO_EVAL) for s in seeds]
     for mode in STAGE2_MODES:
         init = "stage1_single_s0" if mode == "single_agent" else "stage1_mgrpo_s0"
         # Fig. 6 compares mgrpo with frozen_sub only; the other modes skip the (costly) avg@3 evaluations.
-        overrides = STAGE2 if mode in ("mgrpo", "frozen_sub") else STAGE2[:1] + NO_EVAL
-        runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, init, overrides) for s in SEEDS]
-    # Follow-up (experiments/figures/longer_warmstart.py): the sub-agent's 200-step warm start never yields a
-    # protocol-valid episode, so R_S = 0 and co-training has nothing to learn from. A 600-step one does; stage 2
-    # runs straight from it (no stage 1), co-trained vs frozen sub-agent.
-    runs.append(Run("warm_mgrpo_sub600", "mgrpo", "stage1", overrides=warm + (("warmstart.steps", 600),)))
-    for mode in ("mgrpo", "frozen_sub"):
-        runs += [Run(f"sub600_stage2_{mode}_s{s}", mode, "stage2", s, "warm_mgrpo_sub600", STAGE2[:1] + NO_EVAL)
-                 for s in SEEDS]
+        overrides = _stage2(evaluate=mode in ("mgrpo", "frozen_sub"))
+        runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, init, overrides) for s in seeds]
+    baseline = tuple(f"stage2_mgrpo_s{s}" for s in seeds)
+    for ablation, changes in ABLATIONS.items():
+        after = baseline if ablation.startswith("dmax_") else ()  # D is chosen from their d_k histogram
+        runs += [Run(f"abl_{ablation}_s{s}", "mgrpo", "stage2", s, "stage1_mgrpo_s0",
+                     _stage2(evaluate=False) + changes, after) for s in seeds]
     return {run.name: run for run in runs}
 
 
 RUNS = _registry()
+
+
+def set_seeds(n: int) -> None:
+    """Uses seeds 0..n-1 for every curve (the registry, `stage2()` and the figures follow)."""
+    global SEEDS, RUNS
+    if n < 1:
+        raise ValueError(f"--seeds must be at least 1, got {n}")
+    SEEDS = tuple(range(n))
+    RUNS = _registry(SEEDS)
 
 
 def workdir(root: str, name: str) -> str:
@@ -92,20 +132,78 @@ def is_done(root: str, name: str) -> bool:
 
 
 def lineage(names) -> list[str]:
-    """`names` and every run they start from, parents first."""
+    """`names` and every run they start from or wait for, those first."""
     order: list[str] = []
 
     def visit(name):
         if name not in RUNS:
             raise KeyError(f"unknown run {name!r}; runs are {sorted(RUNS)}")
-        if RUNS[name].init:
-            visit(RUNS[name].init)
+        for parent in RUNS[name].needs:
+            visit(parent)
         if name not in order:
             order.append(name)
 
     for name in names:
         visit(name)
     return order
+
+
+def descendants(name: str) -> int:
+    """How many runs need `name`, directly or not (the scheduler starts the most needed runs first)."""
+    children = [r.name for r in RUNS.values() if name in r.needs]
+    return len(children) + sum(descendants(c) for c in children)
+
+
+# -- D for the d_max ablation ---------------------------------------------------------------------------------
+
+
+def dmax_from_counts(counts) -> dict:
+    """D below and above the 99th percentile of d_k: low = max(1, p99 - 1), high = p99 + 2."""
+    from experiments.figures import dk_histogram
+
+    counts = np.asarray(counts, np.int64)
+    p99 = dk_histogram.percentile(counts, 0.99)
+    return {"p99": p99, "p99_open_ended": bool(p99 == len(counts) - 1), "low": max(1, p99 - 1), "high": p99 + 2,
+            "counts": counts.tolist()}
+
+
+def dmax_choice(root: str) -> dict:
+    """The D values of the d_max ablation, fixed once in `<root>/dmax.json` (so resumed runs keep them).
+
+    Computed from the d_k histogram over every step of the finished `stage2_mgrpo_s*` runs, unless `--d-low` /
+    `--d-high` set them; a flag that disagrees with a choice already used by a started run is an error.
+    """
+    path = os.path.join(root, DMAX_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            choice = json.load(f)
+    else:
+        from experiments.figures import dk_histogram
+
+        names = [f"stage2_mgrpo_s{s}" for s in SEEDS]
+        missing = [n for n in names if not is_done(root, n)]
+        if missing:
+            raise RuntimeError(f"D for the d_max ablation comes from runs {missing}, which are not finished")
+        rows = {n: [r for r in read_jsonl(os.path.join(workdir(root, n), "metrics.jsonl")) if "d_k/hist/0" in r]
+                for n in names}
+        choice = {**dmax_from_counts(dk_histogram.histogram(names, read=rows.__getitem__)), "from_runs": names,
+                  "source": "data"}
+    for arm, value in DMAX_FLAGS.items():
+        if value is None or value == choice[arm]:
+            continue
+        started = [n for n in RUNS if n.startswith(f"abl_dmax_{arm}_") and os.path.exists(workdir(root, n))]
+        if started:
+            raise RuntimeError(f"--d-{arm}={value}, but {started} already ran with D = {choice[arm]}; "
+                               f"remove those workdirs and {path} to change it")
+        choice[arm] = value
+        choice["source"] = "flags"
+    os.makedirs(root, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(choice, f, indent=1, sort_keys=True)
+    return choice
+
+
+# -- running ----------------------------------------------------------------------------------------------------
 
 
 def collect_log(root: str, name: str) -> str:
@@ -121,6 +219,8 @@ def collect_log(root: str, name: str) -> str:
         kept["kept"] = len(kept["kept"])  # the count; the ids are regenerated from the seed
         with open(os.path.join(LOGS, f"{name}.curriculum.json"), "w") as f:
             json.dump(kept, f, indent=1, sort_keys=True)
+    if name.startswith("abl_dmax_") and os.path.exists(os.path.join(root, DMAX_FILE)):
+        shutil.copyfile(os.path.join(root, DMAX_FILE), os.path.join(LOGS, DMAX_FILE))
     return dst
 
 
@@ -136,12 +236,14 @@ def _owner(root: str, name: str) -> int | None:
 
 
 def ensure(names, root: str, jobs: int = 2) -> None:
-    """Runs every missing run of `names` (and their parents), up to `jobs` at a time, then collects logs.
+    """Runs every missing run of `names` (and those they need), up to `jobs` at a time, then collects logs.
 
-    A run already being trained by another invocation (a live pid in `<root>/<run>.pid`) is waited for, not
-    started twice, so figure scripts can be started side by side.
+    Of the runs ready to start, those that more runs need go first (the long chain of warm start, stage 1 and
+    stage 2 before the leaves). A run already being trained by another invocation (a live pid in
+    `<root>/<run>.pid`) is waited for, not started twice, so figure scripts can be started side by side.
     """
     todo = [n for n in lineage(names) if not is_done(root, n)]
+    rank = {n: (-descendants(n), i) for i, n in enumerate(todo)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     os.makedirs(root, exist_ok=True)
     while todo or running:
@@ -155,31 +257,41 @@ def ensure(names, root: str, jobs: int = 2) -> None:
                 raise RuntimeError(f"run {name} failed (exit {code}); see {os.path.join(root, name + '.log')}")
             print(f"[figures] {name} done in {time.monotonic() - start:.0f} s", flush=True)
         todo = [n for n in todo if not is_done(root, n)]  # some may have been finished by another invocation
-        ready = [n for n in todo if (RUNS[n].init is None or is_done(root, RUNS[n].init)) and not _owner(root, n)]
+        ready = sorted((n for n in todo if all(is_done(root, p) for p in RUNS[n].needs) and not _owner(root, n)),
+                       key=rank.__getitem__)
         while ready and len(running) < jobs:
             name = ready.pop(0)
             todo.remove(name)
+            command = RUNS[name].command(root)
             print(f"[figures] starting {name}", flush=True)
             log = open(os.path.join(root, f"{name}.log"), "a")
-            proc = subprocess.Popen(RUNS[name].command(root), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
             with open(os.path.join(root, f"{name}.pid"), "w") as f:
                 f.write(str(proc.pid))
             running[name] = (proc, time.monotonic())
-        waiting = [n for n in todo if _owner(root, n) or (RUNS[n].init and not is_done(root, RUNS[n].init))]
+        waiting = [n for n in todo if _owner(root, n) or not all(is_done(root, p) for p in RUNS[n].needs)]
         if not running and todo and not any(_owner(root, n) for n in lineage(todo) if not is_done(root, n)):
-            raise RuntimeError(f"runs {todo} cannot start: a run they start from is neither finished nor running")
+            raise RuntimeError(f"runs {todo} cannot start: a run they need is neither finished nor running")
         if running or waiting:
             time.sleep(2)
     for name in lineage(names):
         collect_log(root, name)
 
 
-def parse_args(description: str, argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
+def parse_args(description: str, argv=None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The figure scripts' common flags; `--seeds`, `--d-low` and `--d-high` take effect here."""
+    parser = parser or argparse.ArgumentParser(description=description,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default=os.path.join(REPO, "runs", "figures"), help="where the runs live")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time")
     parser.add_argument("--plot-only", action="store_true", help="draw from experiments/figures/logs only")
-    return parser.parse_args(argv)
+    parser.add_argument("--seeds", type=int, default=N_SEEDS, help=f"seeds per curve (default {N_SEEDS})")
+    parser.add_argument("--d-low", type=int, default=None, help="D below the 99th percentile (default: from data)")
+    parser.add_argument("--d-high", type=int, default=None, help="D above the 99th percentile (default: from data)")
+    args = parser.parse_args(argv)
+    set_seeds(args.seeds)
+    DMAX_FLAGS.update(low=args.d_low, high=args.d_high)
+    return args
 
 
 # -- reading logs -------------------------------------------------------------------------------------------
@@ -203,13 +315,16 @@ def series(names, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mean_std(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return values.mean(axis=0), values.std(axis=0)
+    """Mean and standard deviation over runs (rows) at each point; the std with ddof = 1 (0 for one run)."""
+    values = np.asarray(values, np.float64)
+    std = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(values.shape[1:])
+    return values.mean(axis=0), std
 
 
 def final(values: np.ndarray, last: int = 1) -> tuple[float, float]:
-    """Mean and std over runs of each run's mean over its `last` logged points."""
-    per_run = values[:, -last:].mean(axis=1)
-    return float(per_run.mean()), float(per_run.std())
+    """Mean and std (ddof = 1) over runs of each run's mean over its `last` logged points."""
+    per_run = np.asarray(values, np.float64)[:, -last:].mean(axis=1)
+    return float(per_run.mean()), stats.sample_std(per_run)
 
 
 def band(ax, steps, values, label: str, color=None, ema: float | None = None, raw_alpha: float = 0.25) -> None:
@@ -221,6 +336,12 @@ def band(ax, steps, values, label: str, color=None, ema: float | None = None, ra
         line = ax.plot(steps, mean, color=color, alpha=raw_alpha, linewidth=1)[0]
         ax.plot(steps, ema_curve(mean, ema), color=line.get_color(), linewidth=2, label=f"{label} (EMA {ema})")
     ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
+
+
+def shade_window(ax, window_steps, label: str = "last window (claims)", alpha: float = 0.08) -> None:
+    """Greys the window the claims are measured over."""
+    lo, hi = window_steps
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.5", alpha=alpha, linewidth=0, label=label)
 
 
 def note_identical(ax, curves: dict) -> list[list[str]]:
@@ -241,34 +362,70 @@ def note_identical(ax, curves: dict) -> list[list[str]]:
     return same
 
 
-def compare(ax, groups: dict, ema: float = 0.8, window: int = 6) -> dict:
-    """Plots each labelled group of runs, `{label: (run names, metric key)}`, as a mean band with its EMA.
+def summary(steps, values) -> dict:
+    """A curve's numbers: mean and std over seeds of each seed's first- and last-window mean, and the window."""
+    first, first_at = stats.first_window(steps, values)
+    last, last_at = stats.last_window(steps, values)
+    return {"n_seeds": int(len(values)), "window": last_at["window"], "first_window_steps": first_at["window_steps"],
+            "last_window_steps": last_at["window_steps"], "first": [float(first.mean()), stats.sample_std(first)],
+            "last": [float(last.mean()), stats.sample_std(last)], "steps": [int(s) for s in steps]}
 
-    Returns `{label: {"first<window>": (mean, std), "last<window>": (mean, std)}, "identical": [[labels]]}`.
-    """
+
+def compare(ax, groups: dict, ema: float | None = 0.8) -> tuple[dict, dict]:
+    """Plots each labelled group of runs, `{label: (run names, metric key)}`, as a mean +-1 std band (with its
+    EMA unless `ema` is None) and greys the last window. Returns ({label: summary}, {label: (steps, values)}),
+    the summaries with "identical": [[labels]] (curves that coincide at every step)."""
     out, curves = {}, {}
     for label, (names, key) in groups.items():
         steps, values = series(names, key)
         band(ax, steps, values, label, ema=ema)
-        out[label] = {f"first{window}": final(values[:, :window], window), f"last{window}": final(values, window)}
-        curves[label] = values
-    out["identical"] = note_identical(ax, curves)
+        out[label] = summary(steps, values)
+        curves[label] = (steps, values)
+    shade_window(ax, next(iter(out.values()))["last_window_steps"])
+    out["identical"] = note_identical(ax, {label: values for label, (_, values) in curves.items()})
     ax.legend(fontsize=8)
-    return out
+    return out, curves
 
 
-def compare_panels(axes, keys, groups) -> dict:
+def compare_panels(axes, keys, groups, ema: float | None = 0.8) -> tuple[dict, dict]:
     """One `compare` panel per metric key. `groups(key)` gives `{mode: (label, run names, metric key)}`.
 
-    Returns `{"<mode>/<key>": first/last window figures, "identical/<key>": [[labels]]}` over all panels.
+    Returns ({"<mode>/<key>": summary, "identical/<key>": [[labels]]}, {"<mode>/<key>": (steps, values)}).
     """
-    results = {}
+    results, curves = {}, {}
     for ax, key in zip(axes, keys, strict=True):
         panel = groups(key)
-        out = compare(ax, {label: (names, metric) for label, names, metric in panel.values()})
-        results.update({f"{mode}/{key}": out[label] for mode, (label, _, _) in panel.items()})
+        out, drawn = compare(ax, {label: (names, metric) for label, names, metric in panel.values()}, ema)
+        for mode, (label, _, _) in panel.items():
+            results[f"{mode}/{key}"] = out[label]
+            curves[f"{mode}/{key}"] = drawn[label]
         results[f"identical/{key}"] = out["identical"]
-    return results
+    return results, curves
+
+
+def window_claim(text: str, a: tuple, b: tuple, *, claimed: bool = True, **kw) -> dict:
+    """A claimed ordering A > B (or, `claimed=False`, an ablation's which-is-higher) over the last window.
+
+    `a` and `b` are (label, steps, values [seeds, points], metric); each seed's mean over its arm's last window
+    is one value, and `stats.compare` gives the difference of means, its bootstrap 95 % interval and the verdict.
+    """
+    (label_a, steps_a, values_a, metric_a), (label_b, steps_b, values_b, metric_b) = a, b
+    per_a, at_a = stats.last_window(steps_a, values_a)
+    per_b, at_b = stats.last_window(steps_b, values_b)
+    if at_a != at_b:
+        raise ValueError(f"{label_a} and {label_b} have different last windows: {at_a} vs {at_b}")
+    result = stats.compare(per_a, per_b, (label_a, label_b), claimed=claimed, **kw)
+    return {"claim": text, "metric": {label_a: metric_a, label_b: metric_b}, **at_a, **result}
+
+
+def rise_claim(text: str, label: str, steps, values, metric: str, **kw) -> dict:
+    """The claim "the curve rises": each seed's last-window mean against its own first-window mean (paired)."""
+    first, at_first = stats.first_window(steps, values)
+    last, at_last = stats.last_window(steps, values)
+    result = stats.compare(last, first, ("last window", "first window"), paired=True, **kw)
+    return {"claim": text, "metric": {"last window": metric, "first window": metric}, "curve": label,
+            "window": at_last["window"], "window_steps": at_last["window_steps"],
+            "first_window_steps": at_first["window_steps"], **result}
 
 
 def new_figure(ncols: int = 1, width: float = 5.5, height: float = 4.0):
@@ -285,6 +442,9 @@ def save_png(fig, figure: str) -> str:
     path = os.path.join(HERE, f"{figure}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     print(f"[figures] wrote {os.path.relpath(path, REPO)}")
     return path
 
@@ -296,12 +456,20 @@ def save_results(figure: str, results: dict) -> str:
     path = os.path.join(out_dir, f"{figure}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
-    print(json.dumps({"figure": figure, **results}, sort_keys=True))
+    for claim in results.get("claims", []) + results.get("comparisons", []):
+        lo, hi = claim["ci95"]
+        print(f"[figures] {figure}: {claim['claim']}: diff {claim['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] over "
+              f"{claim['n_seeds']} seeds: {claim['verdict']}")
+    print(f"[figures] wrote {os.path.relpath(path, REPO)}")
     return path
 
 
 def stage2(mode: str) -> list[str]:
     return [f"stage2_{mode}_s{s}" for s in SEEDS]
+
+
+def ablation(name: str) -> list[str]:
+    return [f"abl_{name}_s{s}" for s in SEEDS]
 
 
 def top_name(mode: str) -> str:

@@ -1,15 +1,19 @@
-"""Figures of the offline environment: generation time, tool latency, calibration, expert success.
+"""Figures of the offline environments: generation time, tool latency, calibration, expert success.
 
-    python -m mgrpo_jax.env.bench [--per_split 100] [--entities 10000]
+    python -m mgrpo_jax.env.bench [--per_split 100] [--entities 10000] [--grammar chat|compact|both]
 
-The last line is one JSON object with at least `worldgen_s_10k`, `search_ms`, `visit_ms` and
-`expert_success` ({split: {"multi": rate, "single": rate}}), plus token-length calibration figures
-(tokens estimated at four characters each).
+The last line is one JSON object. For the chat world: at least `worldgen_s_10k`, `search_ms`, `visit_ms` and
+`expert_success` ({split: {"multi": rate, "single": rate}}), plus token-length calibration figures (tokens
+estimated at four characters each). For the compact world (the `local` and `figures` presets' sizes), under
+`compact`: `expert_success`, `expert_success_perfect_sub` (the sub-agent expert without its mistakes) and
+`expert_success_perfect_main` (the main-agent expert without its own), per split and `overall`, the mean expert
+score of the sub-agent's episodes, the d_k histogram of the main expert, and episode lengths in words.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -82,18 +86,64 @@ def run(n_entities: int = 10_000, per_split: int = 100, seed: int = 0) -> dict:
     }
 
 
+def run_compact(per_split: int = 100, seed: int = 0) -> dict:
+    """Expert success on the compact world (as the `local` preset builds it), with and without each agent's mistakes."""
+    from mgrpo_jax.config import get_config
+    from mgrpo_jax.env.compact import compact_success
+    from mgrpo_jax.train import system
+
+    config = get_config("xbench", "local")
+    config.env.seed = seed
+    started = time.perf_counter()
+    env = system.build_environment(config)
+    build_s = time.perf_counter() - started
+    noisy = system.noise_config(config)
+    variants = {"expert_success": noisy,
+                "expert_success_perfect_sub": dataclasses.replace(noisy, wrong_kind_facts=0.0),
+                "expert_success_perfect_main": dataclasses.replace(noisy, wrong_entity_facts=0.0, skip_calc_facts=0.0)}
+    out: dict = {"build_s": round(build_s, 2), "question_counts": {s: len(q) for s, q in env.questions.items()}}
+    for key, noise in variants.items():
+        experts = env.experts(noise)
+        rates = {split: compact_success(experts, questions[:per_split]) for split, questions in env.questions.items()}
+        weights = {split: min(per_split, len(questions)) for split, questions in env.questions.items()}
+        total = sum(weights.values())
+        rates["overall"] = {agent: round(sum(rates[s][agent] * w for s, w in weights.items()) / total, 3)
+                            for agent in ("multi", "single")}
+        out[key] = {split: {agent: round(v, 3) for agent, v in r.items()} for split, r in rates.items()}
+    experts = env.experts(noisy)
+    transcripts = [experts.main_agent(q) for q in env.questions.stage2[:per_split]]
+    words = {"main": [t.top for t in transcripts], "sub": [s for t in transcripts for s in t.subs],
+             "single": [experts.single_agent(q).top for q in env.questions.stage2[:per_split]]}
+    out["episode_words_mean"] = {agent: round(statistics.mean(sum(len(m.text.split()) for m in e.messages)
+                                                              for e in episodes), 1)
+                                 for agent, episodes in words.items()}
+    out["sub_agent_r_expert_mean"] = round(statistics.mean(s for t in transcripts for s in t.sub_scores), 3)
+    counts = [len(t.subs) for t in transcripts]
+    out["stage2_d_k_hist"] = {str(d): counts.count(d) for d in range(max(counts) + 1)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=10_000)
     parser.add_argument("--per_split", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--grammar", choices=("chat", "compact", "both"), default="both")
     args = parser.parse_args(argv)
-    figures = run(args.entities, args.per_split, args.seed)
+    figures = run(args.entities, args.per_split, args.seed) if args.grammar != "compact" else {}
     for key, value in figures.items():
         if not isinstance(value, dict):
             print(f"{key:>32}: {value}")
-    for split, rates in figures["expert_success"].items():
+    for split, rates in figures.get("expert_success", {}).items():
         print(f"{'expert success ' + split:>32}: multi {rates['multi']:.2f}  single {rates['single']:.2f}")
+    if args.grammar != "chat":
+        figures["compact"] = compact = run_compact(args.per_split, args.seed)
+        for key in ("expert_success", "expert_success_perfect_sub", "expert_success_perfect_main"):
+            for split, rates in compact[key].items():
+                print(f"{'compact ' + key.replace('expert_success', 'expert') + ' ' + split:>48}: "
+                      f"multi {rates['multi']:.2f}  single {rates['single']:.2f}")
+        print(f"{'compact episode words':>48}: {compact['episode_words_mean']}, "
+              f"stage-2 d_k {compact['stage2_d_k_hist']}")
     print(json.dumps(figures))
 
 

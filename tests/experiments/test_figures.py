@@ -1,32 +1,288 @@
-"""The figure pipeline: run lineage, log reading, the summary numbers, and drawing from committed logs."""
+"""The figure pipeline: run lineage, log reading, the statistics of the claims, and drawing from committed logs."""
 
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from experiments.figures import dk_histogram, fig7_stage2_reward, runs
+from experiments.figures import ablations, dk_histogram, fig5_stage1_reward, fig7_stage2_reward, run_all, runs, stats
+from experiments.figures import table as table_module
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    """Figure mains set the seed count and D flags module-wide; every test starts from the defaults."""
+    yield
+    runs.set_seeds(runs.N_SEEDS)
+    runs.DMAX_FLAGS.update(low=None, high=None)
+
+
+# -- statistics ---------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_of_a_degenerate_case_is_the_observed_difference():
+    # Every seed equal within each arm: every resample gives 0.75 - 0.25.
+    diff, ci = stats.bootstrap_diff([0.75] * 5, [0.25] * 4)
+    assert diff == pytest.approx(0.5) and ci == pytest.approx((0.5, 0.5))
+    assert stats.verdict(ci) == stats.REPRODUCED
+    diff, ci = stats.bootstrap_diff([3.0], [1.0])  # one seed each
+    assert diff == 2.0 and ci == (2.0, 2.0)
+    # Identical arms of different sizes: the means differ in the last bit (0.1 * 3 / 3 != 0.1), not in fact.
+    for n in (2, 3, 5, 7):
+        assert stats.bootstrap_diff([0.1] * n, [0.1] * 4) == (0.0, (0.0, 0.0))
+        assert stats.bootstrap_diff([0.7] * n, [0.7] * 4, paired=False)[1] == (0.0, 0.0)
+    assert stats.verdict(stats.bootstrap_diff([0.7] * 3, [0.7] * 4)[1]) == stats.INCONCLUSIVE
+
+
+def test_bootstrap_of_a_small_case_by_hand():
+    # a = (0, 1), b = (0): a's resampled mean is 0, 0.5 or 1 with probability 1/4, 1/2, 1/4, so the 2.5th and
+    # 97.5th percentiles of 10,000 resamples are 0 and 1, and the interval touches 0: inconclusive.
+    diff, ci = stats.bootstrap_diff([0.0, 1.0], [0.0])
+    assert diff == 0.5 and ci == (0.0, 1.0)
+    assert stats.verdict(ci) == stats.INCONCLUSIVE
+    # The opposite claim on the same data is the mirror image.
+    diff, ci = stats.bootstrap_diff([0.0], [0.0, 1.0])
+    assert diff == -0.5 and ci == (-1.0, 0.0) and stats.verdict(ci) == stats.INCONCLUSIVE
+
+
+def test_bootstrap_with_a_known_ordering_and_the_opposite_one():
+    a, b = [0.52, 0.55, 0.50, 0.58, 0.54], [0.30, 0.35, 0.33, 0.31, 0.36]
+    diff, ci = stats.bootstrap_diff(a, b)
+    assert diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert 0.15 < ci[0] < diff < ci[1] < 0.26  # means 0.538 and 0.33 (diff 0.208), standard error ~0.016
+    assert stats.verdict(ci) == stats.REPRODUCED
+    assert stats.verdict(stats.bootstrap_diff(b, a)[1]) == stats.NOT_REPRODUCED
+    assert stats.which_higher(ci, "x", "y") == "x > y"
+    assert stats.which_higher(stats.bootstrap_diff(b, a)[1], "x", "y") == "y > x"
+    # Overlapping arms: inconclusive.
+    assert stats.verdict(stats.bootstrap_diff([0.1, 0.5, 0.3], [0.2, 0.4, 0.35])[1]) == stats.INCONCLUSIVE
+
+
+def test_bootstrap_is_seeded_and_paired_resamples_seeds_together():
+    x, y = [0.11, 0.27, 0.35, 0.52, 0.93], [0.05, 0.21, 0.44, 0.6]
+    assert stats.bootstrap_diff(x, y) == stats.bootstrap_diff(x, y)  # seeded: the same interval every time
+    assert stats.bootstrap_diff(x, y, seed=1)[1] != stats.bootstrap_diff(x, y)[1]
+    a, b = [1.0, 2.0, 3.0, 5.0], [0.0, 1.0, 2.0, 4.0]
+    # Each seed's own difference is exactly 1, so the paired interval is [1, 1]; the unpaired one is wide.
+    assert stats.bootstrap_diff(a, b, paired=True) == (1.0, (1.0, 1.0))
+    lo, hi = stats.bootstrap_diff(a, b)[1]
+    assert lo < 0 < 1 < hi
+    with pytest.raises(ValueError, match="paired arms need one value per seed"):
+        stats.bootstrap_diff([1.0, 2.0], [1.0], paired=True)
+    with pytest.raises(ValueError, match="non-empty"):
+        stats.bootstrap_diff([], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        stats.bootstrap_diff([float("nan")], [1.0])
+
+
+def test_verdict_boundaries():
+    assert stats.verdict((1e-12, 1.0)) == stats.REPRODUCED
+    assert stats.verdict((0.0, 1.0)) == stats.INCONCLUSIVE  # an end at 0 contains 0
+    assert stats.verdict((0.0, 0.0)) == stats.INCONCLUSIVE  # identical arms
+    assert stats.verdict((-1.0, 0.0)) == stats.INCONCLUSIVE
+    assert stats.verdict((-1.0, -1e-12)) == stats.NOT_REPRODUCED
+    assert stats.verdict((-0.2, 0.3)) == stats.INCONCLUSIVE
+    with pytest.raises(ValueError, match="reversed"):
+        stats.verdict((1.0, 0.0))
+
+
+def test_windows_and_compare_entry():
+    assert [stats.window_size(n) for n in (1, 2, 3, 4, 6, 12, 16, 40)] == [1, 1, 1, 1, 2, 4, 5, 13]
+    with pytest.raises(ValueError):
+        stats.window_size(0)
+    steps = np.arange(1, 13)
+    values = np.stack([steps * 0.1, steps * 0.2])
+    last, at = stats.last_window(steps, values)
+    np.testing.assert_allclose(last, [1.05, 2.1])  # steps 9..12
+    assert at == {"window": 4, "window_steps": [9, 12]}
+    first, at = stats.first_window(steps, values)
+    np.testing.assert_allclose(first, [0.25, 0.5])
+    assert at == {"window": 4, "window_steps": [1, 4]}
+    entry = stats.compare([0.3, 0.5], [0.1], ("A", "B"))
+    assert entry["arms"]["A"] == {"mean": 0.4, "std": pytest.approx(np.sqrt(0.02)), "n": 2, "per_seed": [0.3, 0.5]}
+    assert entry["arms"]["B"]["std"] == 0.0 and entry["n_seeds"] == 1
+    assert entry["diff"] == pytest.approx(0.3) and entry["verdict"] == stats.REPRODUCED
+    assert stats.compare([0.3, 0.5], [0.1], ("A", "B"), claimed=False)["verdict"] == "A > B"
+
+
+_seeds = st.lists(st.floats(-1.0, 1.0, allow_nan=False, allow_subnormal=False), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=_seeds, b=_seeds, paired=st.booleans(), shift=st.floats(-1.0, 1.0, allow_subnormal=False))
+def test_bootstrap_interval_properties(a, b, paired, shift):
+    if paired:
+        b = (b * len(a))[: len(a)]
+    diff, (lo, hi) = stats.bootstrap_diff(a, b, paired=paired, resamples=500)
+    tol = 1e-9
+    # Every resampled difference of means lies within what any choice of seeds can give.
+    if paired:
+        d = np.subtract(a, b)
+        assert d.min() - tol <= lo <= hi <= d.max() + tol
+    else:
+        assert min(a) - max(b) - tol <= lo <= hi <= max(a) - min(b) + tol
+    assert min(a) - max(b) - tol <= diff <= max(a) - min(b) + tol
+    # Arms that do not overlap (by more than rounding, 1e-12 here) are ordered whatever the resamples.
+    if not paired and min(a) > max(b) + tol:
+        assert stats.verdict((lo, hi)) == stats.REPRODUCED
+    if not paired and max(a) < min(b) - tol:
+        assert stats.verdict((lo, hi)) == stats.NOT_REPRODUCED
+    # Shifting one arm shifts the interval by the same amount (same seeded resamples).
+    _, (lo2, hi2) = stats.bootstrap_diff(np.add(a, shift), b, paired=paired, resamples=500)
+    assert lo2 == pytest.approx(lo + shift, abs=1e-9) and hi2 == pytest.approx(hi + shift, abs=1e-9)
+
+
+# -- the runs ----------------------------------------------------------------------------------------------
 
 
 def test_every_stage2_run_of_a_system_starts_from_one_stage1_checkpoint():
-    main_set = [r for r in runs.RUNS.values() if r.name.startswith("stage2_") and r.mode != "single_agent"]
-    assert {run.init for run in main_set} == {"stage1_mgrpo_s0"} and len(main_set) == 9
-    assert runs.lineage(["sub600_stage2_frozen_sub_s2"]) == ["warm_mgrpo_sub600", "sub600_stage2_frozen_sub_s2"]
+    main_set = [r for r in runs.RUNS.values() if r.stage == "stage2" and r.mode != "single_agent"]
+    # 3 modes and 4 ablations, 5 seeds each, all from one stage-1 checkpoint.
+    assert {run.init for run in main_set} == {"stage1_mgrpo_s0"} and len(main_set) == 35
     assert {runs.RUNS[n].init for n in runs.stage2("single_agent")} == {"stage1_single_s0"}
+    assert runs.SEEDS == (0, 1, 2, 3, 4)
     for mode in runs.STAGE2_MODES:
-        assert sorted(runs.RUNS[n].seed for n in runs.stage2(mode)) == [0, 1, 2]
+        assert sorted(runs.RUNS[n].seed for n in runs.stage2(mode)) == [0, 1, 2, 3, 4]
+    for ablation in runs.ABLATIONS:
+        assert sorted(runs.RUNS[n].seed for n in runs.ablation(ablation)) == [0, 1, 2, 3, 4]
+    assert sorted(runs.RUNS[f"stage1_mgrpo_s{s}"].seed for s in range(5)) == [0, 1, 2, 3, 4]
+    assert len(runs.RUNS) == 2 + 1 + 5 + 4 * 5 + 4 * 5
+    assert not any("sub600" in name for name in runs.RUNS)  # the old follow-up is gone
     assert runs.lineage(["stage2_mgrpo_s2", "stage2_frozen_sub_s1"]) == [
         "warm_mgrpo", "stage1_mgrpo_s0", "stage2_mgrpo_s2", "stage2_frozen_sub_s1"]
+    # The D ablation waits for every default stage-2 run (its D comes from their d_k histogram).
+    assert runs.lineage(["abl_dmax_high_s3"]) == ["warm_mgrpo", "stage1_mgrpo_s0", *runs.stage2("mgrpo"),
+                                                  "abl_dmax_high_s3"]
+    assert runs.lineage(["abl_align_mask_s1"]) == ["warm_mgrpo", "stage1_mgrpo_s0", "abl_align_mask_s1"]
+    assert runs.descendants("stage1_mgrpo_s0") > runs.descendants("stage2_mgrpo_s0") > 0
+    assert runs.descendants("stage1_mgrpo_s4") == 0
     with pytest.raises(KeyError, match="unknown run 'nope'"):
         runs.lineage(["nope"])
 
 
-def test_run_command_names_the_preset_mode_seed_and_parent(tmp_path):
+def test_seed_count_is_a_flag():
+    runs.parse_args("", ["--seeds", "2"])
+    assert runs.SEEDS == (0, 1) and runs.stage2("frozen_sub") == ["stage2_frozen_sub_s0", "stage2_frozen_sub_s1"]
+    assert "stage2_mgrpo_s2" not in runs.RUNS and "abl_beta_noexpert_s1" in runs.RUNS
+    assert fig5_stage1_reward.names() == ["stage1_mgrpo_s0", "stage1_mgrpo_s1"]
+    with pytest.raises(ValueError, match="at least 1"):
+        runs.set_seeds(0)
+
+
+def test_run_command_names_the_preset_mode_seed_parent_and_ablation(tmp_path):
     cmd = runs.RUNS["stage2_frozen_sub_s1"].command(str(tmp_path))
     assert any(c.endswith("xbench.py:figures,frozen_sub") for c in cmd)
     assert f"--workdir={tmp_path}/stage2_frozen_sub_s1" in cmd
     assert "--config.seed=1" in cmd and "--config.stage=stage2" in cmd
     assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s0" in cmd
+    assert not any(".train.eval_every=" in c or ".train.steps=" in c for c in cmd)  # the preset's, evaluated
+    cmd = runs.RUNS["abl_align_mask_s3"].command(str(tmp_path))
+    assert "--config.rollout.align_mode=mask" in cmd and "--config.seed=3" in cmd
+    assert "--config.train.eval_every=0" in cmd and "--config.train.eval_at_start=False" in cmd  # no evaluations
+    assert not any(".train.steps=" in c for c in cmd)  # the preset's length, as the default runs
+    assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s0" in cmd
+    assert "--config.rewards.beta=(0.1,0.9,0.0)" in runs.RUNS["abl_beta_noexpert_s0"].command(str(tmp_path))
+    (tmp_path / "dmax.json").write_text(json.dumps({"p99": 3, "low": 2, "high": 5}))
+    assert "--config.rollout.d_max=2" in runs.RUNS["abl_dmax_low_s0"].command(str(tmp_path))
+    assert "--config.rollout.d_max=5" in runs.RUNS["abl_dmax_high_s4"].command(str(tmp_path))
+
+
+def test_the_beta_override_parses_as_a_tuple_on_the_command_line():
+    from absl import flags
+    from ml_collections import config_flags
+
+    beta = next(c for c in runs.RUNS["abl_beta_noexpert_s0"].command("/tmp") if ".beta=" in c)
+    argv = [sys.argv[0], f"--config={os.path.join(runs.REPO, 'experiments', 'xbench.py')}:smoke", beta,
+            "--config.rollout.align_mode=mask", "--config.rollout.d_max=5"]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    assert tuple(values.config.rewards.beta) == (0.1, 0.9, 0.0)
+    assert values.config.rollout.align_mode == "mask" and values.config.rollout.d_max == 5
+
+
+def _fake_workdir(root, name, hist_rows):
+    path = root / name
+    path.mkdir(parents=True)
+    with open(path / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"step": 0, "eval/eval_gaia/accuracy": 0.0}) + "\n")
+        for step, counts in enumerate(hist_rows, 1):
+            f.write(json.dumps({"step": step, **{f"d_k/hist/{i}": c for i, c in enumerate(counts)}}) + "\n")
+    (path / "summary.json").write_text("{}")
+
+
+def test_dmax_is_chosen_from_the_stage2_histogram_and_pinned(tmp_path):
+    runs.set_seeds(2)
+    with pytest.raises(RuntimeError, match="not finished"):
+        runs.dmax_choice(str(tmp_path))
+    # 200 rollouts over two runs: d_k = 0/1/2/3/4 in 100/60/38/2/0; the 99th percentile is 2 (198 of 200 <= 2).
+    _fake_workdir(tmp_path, "stage2_mgrpo_s0", [[50, 30, 19, 1, 0], [20, 10, 9, 1, 0]])
+    _fake_workdir(tmp_path, "stage2_mgrpo_s1", [[30, 20, 10, 0, 0]])
+    choice = runs.dmax_choice(str(tmp_path))
+    assert (choice["p99"], choice["low"], choice["high"]) == (2, 1, 4)
+    assert choice["counts"] == [100, 60, 38, 2, 0] and choice["source"] == "data"
+    assert not choice["p99_open_ended"]
+    assert json.loads((tmp_path / "dmax.json").read_text()) == choice
+    # Pinned: later data does not move it; a flag does until a run has used the old value.
+    _fake_workdir(tmp_path, "stage2_mgrpo_s9", [[0, 0, 0, 0, 9]])
+    assert runs.dmax_choice(str(tmp_path))["high"] == 4
+    runs.DMAX_FLAGS["high"] = 6
+    assert runs.dmax_choice(str(tmp_path))["high"] == 6
+    assert json.loads((tmp_path / "dmax.json").read_text())["source"] == "flags"
+    (tmp_path / "abl_dmax_low_s0").mkdir()
+    runs.DMAX_FLAGS.update(low=2, high=None)
+    with pytest.raises(RuntimeError, match=r"already ran with D = 1"):
+        runs.dmax_choice(str(tmp_path))
+    assert runs.dmax_from_counts([0, 0, 1])["p99_open_ended"]
+    assert runs.dmax_from_counts([10, 0, 0])["low"] == 1  # p99 = 0: D cannot go below 1
+
+
+_FAKE_RUN = """
+import json, os, sys
+workdir, d_max = sys.argv[1], sys.argv[2]
+os.makedirs(workdir, exist_ok=True)
+with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step in (1, 2):
+        f.write(json.dumps({"step": step, "d_k/hist/0": 90, "d_k/hist/1": 5, "d_k/hist/2": 4, "d_k/hist/3": 1,
+                            "main/reward": 0.1, "d_max": d_max}) + "\\n")
+open(os.path.join(workdir, "summary.json"), "w").write("{}")
+"""
+
+
+def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(tmp_path, fake_logs, monkeypatch,
+                                                                            capsys):
+    runs.set_seeds(1)
+
+    def command(self, root):
+        d_max = next((runs.resolve(root, v) for k, v in self.overrides if k == "rollout.d_max"), "preset")
+        return [sys.executable, "-c", _FAKE_RUN, runs.workdir(root, self.name), str(d_max)]
+
+    monkeypatch.setattr(runs.Run, "command", command)
+    monkeypatch.setattr(runs.time, "sleep", lambda s: None)
+    root = tmp_path / "root"
+    runs.ensure(list(runs.RUNS), str(root), jobs=2)
+    started = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "starting" in line]
+    assert sorted(started) == sorted(runs.RUNS)
+    for name in started:
+        for parent in runs.RUNS[name].needs:
+            assert started.index(parent) < started.index(name)
+    # 200 rollouts: 180/10/8/2 at d_k = 0..3, so p99 = 2, D = 1 and 4.
+    assert json.loads((fake_logs / "dmax.json").read_text())["p99"] == 2
+    assert runs.rl_rows("abl_dmax_low_s0")[0]["d_max"] == "1"
+    assert runs.rl_rows("abl_dmax_high_s0")[0]["d_max"] == "4"
+    assert runs.rl_rows("stage2_mgrpo_s0")[0]["d_max"] == "preset"
+    assert not list(root.glob("*.pid"))
+    # One at a time, the order is the priority: the runs that most others need first.
+    runs.ensure(list(runs.RUNS), str(tmp_path / "serial"), jobs=1)
+    started = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "starting" in line]
+    assert started[:4] == ["warm_mgrpo", "stage1_mgrpo_s0", "warm_single", "stage2_mgrpo_s0"]  # ties: registry order
+
+
+# -- reading logs and drawing -------------------------------------------------------------------------------
 
 
 def _write_logs(logs, name, rows):
@@ -51,8 +307,11 @@ def test_series_aligns_runs_on_shared_steps_and_final_averages_per_run(fake_logs
     steps, values = runs.series(["a", "b"], "main/reward")
     assert steps.tolist() == [1, 2, 3]
     np.testing.assert_allclose(values, [[0.1, 0.2, 0.3], [0.2, 0.4, 0.6]])
-    mean, std = runs.final(values, last=2)  # per run: 0.25 and 0.5
-    assert mean == pytest.approx(0.375) and std == pytest.approx(0.125)
+    mean, std = runs.final(values, last=2)  # per run: 0.25 and 0.5; std over seeds with ddof 1
+    assert mean == pytest.approx(0.375) and std == pytest.approx(0.125 * np.sqrt(2))
+    mean, std = runs.mean_std(values)
+    np.testing.assert_allclose(std, np.std(values, axis=0, ddof=1))
+    assert runs.mean_std(values[:1])[1].tolist() == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="share no step"):
         runs.series(["a"], "sub/reward")
     with pytest.raises(FileNotFoundError, match="run c has no collected log"):
@@ -69,20 +328,134 @@ def test_dk_percentile_and_histogram_sum_over_runs_and_steps(fake_logs):
     assert dk_histogram.histogram(["x"], slice(1, None)).tolist() == [1, 2, 1]
 
 
-def test_figure_draws_from_logs_only(fake_logs):
+def _reward_logs(logs, names, top, level, rng, steps=12, extra=None):
+    """Logs whose reward is `level` plus noise of std 0.01 at every step (and eval rows every 6 steps)."""
+    for name in names:
+        rows = [{"step": 0, **{f"eval/{s}/accuracy": level for s in ("eval_gaia", "eval_xbench", "eval_webwalker")}}]
+        for s in range(1, steps + 1):
+            row = {"step": s, f"{top}/reward": level + float(rng.normal(0, 0.01)), f"{top}/correct": level / 2,
+                   f"{top}/format_ok": 0.5, "sub/reward": level / 3, "d_k/hist/0": 5, "d_k/hist/1": 3, "d_k/hist/2": 0}
+            if s % 6 == 0:
+                row.update({f"eval/{x}/accuracy": level + float(rng.normal(0, 0.01))
+                            for x in ("eval_gaia", "eval_xbench", "eval_webwalker")})
+            row.update((extra or {}).get(s, {}))
+            rows.append(row)
+        _write_logs(logs, name, rows)
+
+
+def test_figure_draws_from_logs_only_with_the_claims_statistics(fake_logs):
     rng = np.random.default_rng(0)
-    for mode in fig7_stage2_reward.MODES:
-        top = runs.top_name(mode)
-        for name in runs.stage2(mode):
-            _write_logs(fake_logs, name, [{"step": s, f"{top}/reward": float(rng.uniform()),
-                                           f"{top}/correct": float(rng.uniform())} for s in range(1, 13)])
+    for mode, level in (("mgrpo", 0.5), ("frozen_sub", 0.3), ("single_agent", 0.3)):
+        _reward_logs(fake_logs, runs.stage2(mode), runs.top_name(mode), level, rng)
     results = fig7_stage2_reward.main(["--plot-only"])
     png = fake_logs.parent / "fig7_stage2_reward.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((fake_logs.parent / "results" / "fig7_stage2_reward.json").read_text())
-    assert saved["mgrpo/reward"]["last6"] == pytest.approx(list(results["mgrpo/reward"]["last6"]))
-    assert set(saved) == {f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical") for k in ("reward", "correct")}
-    assert saved["identical/reward"] == []  # independent random curves
+    assert set(saved) == {"claims"} | {f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical")
+                                       for k in ("reward", "correct")}
+    assert saved["identical/reward"] == []  # independent noisy curves
+    assert saved["identical/correct"] == [["frozen_sub", "single_agent"]]  # both constant 0.15
+    assert saved["mgrpo/reward"]["last"] == pytest.approx(results["mgrpo/reward"]["last"])
+    assert saved["mgrpo/reward"]["n_seeds"] == 5 and saved["mgrpo/reward"]["last_window_steps"] == [9, 12]
+    first, second = saved["claims"]
+    assert first["claim"] == "stage-2 reward: mgrpo > frozen_sub" and first["verdict"] == "reproduced"
+    assert second["claim"] == "stage-2 reward: frozen_sub > single_agent" and second["verdict"] == "inconclusive"
+    for claim in saved["claims"]:
+        assert claim["n_seeds"] == 5 and claim["window"] == 4 and claim["window_steps"] == [9, 12]
+        lo, hi = claim["ci95"]
+        assert lo <= hi
+        a, b = (claim["arms"][label] for label in claim["order"])
+        assert claim["diff"] == pytest.approx(a["mean"] - b["mean"])
+        assert len(a["per_seed"]) == 5 and a["std"] == pytest.approx(np.std(a["per_seed"], ddof=1))
+    # Each seed's value is its mean over steps 9..12 of the logged reward.
+    rows = runs.rl_rows("stage2_mgrpo_s3")
+    assert first["arms"]["mgrpo"]["per_seed"][3] == pytest.approx(np.mean([r["main/reward"] for r in rows[-4:]]))
+    assert first["metric"] == {"mgrpo": "main/reward", "frozen_sub": "main/reward"}
+    assert second["metric"]["single_agent"] == "single/reward"
+
+
+def test_fig5_claim_is_paired_over_seeds(fake_logs):
+    runs.set_seeds(3)
+    rng = np.random.default_rng(1)
+    for s in range(3):  # each seed rises by 0.2 from its own level; the levels differ a lot between seeds
+        rows = [{"step": t, "main/reward": 0.3 * s + (0.2 if t > 8 else 0.0) + float(rng.normal(0, 0.001)),
+                 "main/format_ok": 0.5} for t in range(1, 17)]
+        _write_logs(fake_logs, f"stage1_mgrpo_s{s}", rows)
+    results = fig5_stage1_reward.main(["--plot-only", "--seeds", "3"])
+    (claim,) = results["claims"]
+    assert claim["paired"] and claim["n_seeds"] == 3 and claim["window"] == 5
+    assert claim["window_steps"] == [12, 16] and claim["first_window_steps"] == [1, 5]
+    assert claim["diff"] == pytest.approx(0.2, abs=0.005) and claim["verdict"] == "reproduced"
+    assert claim["ci95"][0] > 0.19  # unpaired, the seeds' spread (0.3 apart) would swamp the rise
+
+
+def _all_logs(logs, rng, seeds):
+    levels = {"mgrpo": 0.5, "frozen_sub": 0.3, "single_agent": 0.1, "mgrpo_unsync": 0.5}
+    for mode, level in levels.items():
+        _reward_logs(logs, runs.stage2(mode), runs.top_name(mode), level, rng)
+    for ablation, level in (("align_mask", 0.2), ("beta_noexpert", 0.5), ("dmax_low", 0.5), ("dmax_high", 0.7)):
+        _reward_logs(logs, runs.ablation(ablation), "main", level, rng)
+    for s in seeds:
+        _reward_logs(logs, [f"stage1_mgrpo_s{s}"], "main", 0.2, rng, steps=16,
+                     extra={t: {"main/reward": 0.4 + 0.01 * s} for t in range(11, 17)})
+    (logs / "dmax.json").write_text(json.dumps({"p99": 2, "low": 1, "high": 4, "counts": [5, 3, 0]}))
+
+
+def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, capsys, monkeypatch):
+    runs.set_seeds(3)
+    preset = {"rollout.d_max": 2, "rewards.beta": (0.1, 0.4, 0.5)}  # what the logged default runs used
+    monkeypatch.setattr(ablations, "preset_value", preset.__getitem__)
+    _all_logs(fake_logs, np.random.default_rng(2), range(3))
+    run_all.main(["--plot-only", "--seeds", "3"])
+    out = fake_logs.parent
+    figures = ("fig5_stage1_reward", "fig6_accuracy", "fig7_stage2_reward", "fig8_sync", "dk_histogram",
+               *ablations.FIGURES)
+    for figure in figures:
+        assert (out / f"{figure}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (out / "results" / f"{figure}.json").exists()
+    results = {f: json.loads((out / "results" / f"{f}.json").read_text()) for f in figures}
+    verdicts = {c["claim"]: c["verdict"] for f in figures for c in results[f].get("claims", [])}
+    assert verdicts == {
+        "stage-1 reward rises (last vs first window)": "reproduced",
+        "held-out accuracy (GAIA-style): mgrpo > frozen_sub": "reproduced",
+        "held-out accuracy (XBench-style): mgrpo > frozen_sub": "reproduced",
+        "held-out accuracy (WebWalker-style): mgrpo > frozen_sub": "reproduced",
+        "stage-2 reward: mgrpo > frozen_sub": "reproduced",
+        "stage-2 reward: frozen_sub > single_agent": "reproduced",
+        "main reward: synchronised > unsynchronised": "inconclusive",
+    }
+    for f in figures:
+        for entry in results[f].get("claims", []) + results[f].get("comparisons", []):
+            assert {"n_seeds", "window", "window_steps", "arms", "diff", "ci95", "verdict"} <= set(entry)
+            assert entry["n_seeds"] == 3 and all({"mean", "std"} <= set(a) for a in entry["arms"].values())
+    # Fig. 6 is tested on the last evaluation (step 12) only: 3 evaluations, the last third is one.
+    assert results["fig6_accuracy"]["claims"][0]["window_steps"] == [12, 12]
+    ablation = {c["claim"]: c["verdict"] for f in ablations.FIGURES for c in results[f]["comparisons"]}
+    assert ablation["main/reward: mask vs duplicate"] == "duplicate > mask"
+    assert ablation["main/reward: D = 4 (high) vs D = 2 (preset)"] == "D = 4 (high) > D = 2 (preset)"
+    assert ablation["main/reward: D = 1 (low) vs D = 2 (preset)"] == "inconclusive"
+    assert results["ablation_dmax"]["dmax"]["p99"] == 2 and results["ablation_dmax"]["preset_d_max"] == 2
+    assert len(results["ablation_beta"]["comparisons"]) == 2
+    printed = capsys.readouterr().out
+    text = table_module.render(str(out / "results"))
+    assert text in printed  # run_all prints the table at the end
+    lines = text.splitlines()
+    assert sum(line.startswith("| [Fig.") for line in lines) == 7
+    assert "| [Fig. 7](experiments/figures/fig7_stage2_reward.png) | stage-2 reward: mgrpo > frozen_sub | " in text
+    fig8 = next(line for line in lines if "synchronised > unsynchronised" in line)
+    assert fig8.endswith("| 3 | **inconclusive** |") and "`synchronised` 0.5" in fig8
+    assert "steps 9–12" in fig8
+    assert sum(line.startswith("| [alignment]") for line in lines) == 2
+    assert "99th percentile 1 over 3 seeds" in text  # 5/3/0 per step: p99 is d = 1
+    assert "No results yet" not in text
+    capsys.readouterr()
+    run_all.main(["--table"])
+    assert capsys.readouterr().out == text
+
+
+def test_table_lists_figures_without_results(tmp_path):
+    text = table_module.render(str(tmp_path))
+    assert "No results yet for: fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, ablation_" in text
 
 
 def test_dk_histogram_skips_evaluation_only_rows(fake_logs):

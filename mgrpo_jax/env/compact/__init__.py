@@ -1,0 +1,62 @@
+"""The compact miniature: a world, questions, tools and experts that agents under 1M parameters can learn.
+
+`build_compact_environment(seed, sizes)` gives the same surface the trainer uses for the chat world
+(`questions.split(name)`, `experts(noise)`, `judge.score`) plus what the compact grammar needs (its tools,
+one-word system prompts and the vocabulary of its word-level tokenizer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mgrpo_jax.env.compact.experts import CompactExperts, CompactJudge, CompactNoise, compact_success
+from mgrpo_jax.env.compact.grammar import CLOSE, COMPACT, OPEN_TAGS, QUESTION, RESULT
+from mgrpo_jax.env.compact.questions import generate_compact_questions
+from mgrpo_jax.env.compact.world import (
+    ROLE_WORDS,
+    CompactTool,
+    CompactWorld,
+    CompactWorldConfig,
+    generate_compact_world,
+)
+from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
+from mgrpo_jax.env.questions import QuestionSets, QuestionSetSizes
+
+WORD_SPACE = "\u2581"  # SentencePiece's whitespace mark
+AGENT_TOOLS = {MAIN: ("delegate", "reason"), SUB: ("search", "visit"), SINGLE: ("search", "visit", "reason")}
+
+
+@dataclass(frozen=True)
+class CompactEnvironment:
+    world: CompactWorld
+    questions: QuestionSets
+    judge: CompactJudge
+    grammar = COMPACT
+
+    def experts(self, noise: CompactNoise | None = None) -> CompactExperts:
+        return CompactExperts(self.world, noise)
+
+    def tools(self, agent: str) -> dict[str, CompactTool]:
+        """The agent's in-process tools (`delegate` is run by the rollout engine)."""
+        return {name: CompactTool(self.world, name) for name in AGENT_TOOLS[agent] if name != "delegate"}
+
+    @staticmethod
+    def system_prompt(agent: str) -> str:
+        return agent  # one word: the role is all a compact agent needs to know
+
+    def tokenizer_symbols(self) -> tuple[str, ...]:
+        """The word-level tokenizer's user symbols: each word a compact episode can hold, as one piece. A message
+        starts with a tag or a role word (no space before it); every other word follows a space, so it is
+        registered with SentencePiece's whitespace mark."""
+        spaced = (*self.world.vocabulary(), CLOSE)
+        return (*OPEN_TAGS, RESULT, QUESTION, *ROLE_WORDS, *(WORD_SPACE + word for word in spaced))
+
+
+def build_compact_environment(seed: int = 0, sizes: QuestionSetSizes | None = None,
+                              config: CompactWorldConfig | None = None) -> CompactEnvironment:
+    world = generate_compact_world(seed, config)
+    return CompactEnvironment(world, generate_compact_questions(world, seed, sizes), CompactJudge(world))
+
+
+__all__ = ["CompactEnvironment", "CompactExperts", "CompactJudge", "CompactNoise", "CompactWorldConfig",
+           "build_compact_environment", "compact_success"]

@@ -1,0 +1,152 @@
+"""Questions over the compact world, in the same splits and `Question` records as the chat world's.
+
+A question's text is its facts from the outside in, then its subject(s):
+
+    lookup    born_in Varn              the birthplace of the person Varn (stage 1)
+    chain     country born_in Varn      the country of that birthplace (stage 2: 2 hops; XBench style: 3)
+    compare   max age Varn Kelt         the larger of two ages: needs `calc` (stage 2)
+    walk      born_in founder Lorm      a chain from an organisation (WebWalkerQA style, 2-3 hops)
+
+Splits: stage1 (lookups), stage2 (2-hop chains and comparisons), validation (as stage 2), eval_gaia (lookups,
+2-hop chains, comparisons), eval_xbench (3-hop chains), eval_webwalker (walks). Held-out guarantee, as in the
+chat world: topic names come from disjoint pools per split family, held-out questions are drawn first, and no
+training question reads a fact on a held-out question's answer path.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import fields
+
+from mgrpo_jax.env.compact.world import CALC_OPS, COUNTRY, FACTS, NUMBER, CompactWorld, unit_hash
+from mgrpo_jax.env.questions import (
+    CHAIN,
+    COMPARE,
+    DELEGATE_STEP,
+    EVAL_GAIA,
+    EVAL_WEBWALKER,
+    EVAL_XBENCH,
+    HELD_OUT_SPLITS,
+    LOOKUP,
+    REASON_STEP,
+    STAGE1,
+    STAGE2,
+    VALIDATION,
+    WALK,
+    Question,
+    QuestionSets,
+    QuestionSetSizes,
+    SubTask,
+)
+
+_POOL_BOUNDS = ((STAGE1, 0.70), (VALIDATION, 0.76), (EVAL_GAIA, 0.84), (EVAL_XBENCH, 0.92), (EVAL_WEBWALKER, 1.0))
+_MIX = {
+    STAGE1: ((LOOKUP, 1.0, 1),),
+    STAGE2: ((CHAIN, 0.6, 2), (COMPARE, 0.4, 1)),
+    EVAL_GAIA: ((LOOKUP, 0.2, 1), (CHAIN, 0.4, 2), (COMPARE, 0.4, 1)),
+    EVAL_XBENCH: ((CHAIN, 1.0, 3),),
+    EVAL_WEBWALKER: ((WALK, 1.0, 2), (WALK, 1.0, 3)),
+}
+_MIX[VALIDATION] = _MIX[STAGE2]
+NUMBER_FACTS = tuple(fact for fact, (_, value) in FACTS.items() if value == NUMBER)
+
+
+def topic_pool(world: CompactWorld, name: str) -> str:
+    u = unit_hash(world.seed, "pool", name)
+    return next(split for split, bound in _POOL_BOUNDS if u < bound)
+
+
+def _pool_of(split: str) -> str:
+    return STAGE1 if split in (STAGE1, STAGE2) else split
+
+
+def _chain(rng: random.Random, world: CompactWorld, split: str, hops: int, start_kind: str | None):
+    """A path of `hops` facts from a topic entity of the split's pool: (steps as (entity id, fact), answer)."""
+    names = [n for n in world.by_name if topic_pool(world, n) == _pool_of(split)]
+    for _ in range(50):
+        facts = [f for f, (domain, _) in FACTS.items() if start_kind in (None, domain)]
+        first_fact = rng.choice(facts)
+        entity = world.find(FACTS[first_fact][0], rng.choice(names))
+        if entity is None:
+            continue
+        path, fact = [], first_fact
+        while True:
+            path.append((entity.id, fact))
+            if len(path) == hops:
+                return path
+            next_id = world.values[(entity.id, fact)]
+            if next_id is None or world.entities[next_id].kind == COUNTRY:
+                break
+            entity = world.entities[next_id]
+            fact = rng.choice([f for f, (domain, _) in FACTS.items() if domain == entity.kind])
+    return None
+
+
+def _chain_question(world, split, kind, path) -> Question:
+    steps, inputs = [], ()
+    for i, (entity_id, fact) in enumerate(path):
+        subject = world.entities[entity_id].name
+        answer = world.facts[(entity_id, fact)]
+        steps.append(SubTask(i, DELEGATE_STEP, f"{fact} {subject}", answer, entity_id, fact, inputs=inputs))
+        inputs = (i,)
+    text = " ".join([fact for _, fact in reversed(path)] + [world.entities[path[0][0]].name])
+    return Question("", split, kind, len(path), text, steps[-1].answer, tuple(steps), tuple(path),
+                    (path[0][0],))
+
+
+def _compare(rng: random.Random, world: CompactWorld, split: str) -> Question | None:
+    fact = rng.choice(NUMBER_FACTS)
+    candidates = [e for e in world.of_kind(FACTS[fact][0]) if topic_pool(world, e.name) == _pool_of(split)]
+    if len(candidates) < 2:
+        return None
+    a, b = rng.sample(candidates, 2)
+    va, vb = world.facts[(a.id, fact)], world.facts[(b.id, fact)]
+    if va == vb:
+        return None
+    op = rng.choice(CALC_OPS)
+    answer = str(max(int(va), int(vb)) if op == "max" else min(int(va), int(vb)))
+    steps = (SubTask(0, DELEGATE_STEP, f"{fact} {a.name}", va, a.id, fact),
+             SubTask(1, DELEGATE_STEP, f"{fact} {b.name}", vb, b.id, fact),
+             SubTask(2, REASON_STEP, f"{op} {va} {vb}", answer, expression=f"{op} {va} {vb}", inputs=(0, 1)))
+    return Question("", split, COMPARE, 2, f"{op} {fact} {a.name} {b.name}", answer, steps,
+                    ((a.id, fact), (b.id, fact)), (a.id, b.id))
+
+
+def _draw(rng, world, split, kind, hops) -> Question | None:
+    if kind == COMPARE:
+        return _compare(rng, world, split)
+    path = _chain(rng, world, split, hops, "org" if kind == WALK else None)
+    return None if path is None else _chain_question(world, split, kind, path)
+
+
+def _sample_split(world, split, size, seed, reserved, taken) -> tuple[Question, ...]:
+    rng = random.Random(f"{seed}/{split}")
+    mix = _MIX[split]
+    weights = [w for _, w, _ in mix]
+    out: list[Question] = []
+    for _ in range(size * 50):
+        if len(out) == size:
+            break
+        kind, _, hops = rng.choices(mix, weights)[0]
+        question = _draw(rng, world, split, kind, hops)
+        if question is None or question.text in taken:
+            continue
+        if split not in HELD_OUT_SPLITS and any(step in reserved for step in question.answer_path):
+            continue
+        taken.add(question.text)
+        out.append(Question(f"{split}-{len(out)}", *[getattr(question, f.name) for f in fields(Question)][1:]))
+    return tuple(out)
+
+
+def generate_compact_questions(world: CompactWorld, seed: int = 0,
+                               sizes: QuestionSetSizes | None = None) -> QuestionSets:
+    sizes = sizes or QuestionSetSizes(stage1=1000, stage2=1000, validation=100, eval_gaia=100, eval_xbench=100,
+                                      eval_webwalker=100)
+    reserved: set[tuple[int, str]] = set()
+    taken: set[str] = set()
+    splits = {}
+    for split in (*HELD_OUT_SPLITS, STAGE1, STAGE2):
+        splits[split] = _sample_split(world, split, getattr(sizes, split), seed, reserved, taken)
+        if split in HELD_OUT_SPLITS:
+            reserved.update(step for q in splits[split] for step in q.answer_path)
+    return QuestionSets(**{f.name: splits[f.name] for f in fields(QuestionSets)})

@@ -1,0 +1,212 @@
+"""The compact world, grammar, tokenizer and experts (mgrpo_jax/env/compact)."""
+
+import collections
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mgrpo_jax.config import get_config
+from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
+from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
+from mgrpo_jax.env.compact.world import FACTS, generate_compact_world
+from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
+from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
+from mgrpo_jax.env.protocol import BAD_CALL_SCHEMA, UNKNOWN_TOOL, FinalAnswer, FormatError, ToolCall
+from mgrpo_jax.env.questions import HELD_OUT_SPLITS, QuestionSetSizes
+from mgrpo_jax.train import system
+
+SIZES = QuestionSetSizes(stage1=300, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return build_compact_environment(0, SIZES)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(env):
+    config = get_config("xbench", "local")
+    return system.train_word_tokenizer(env, config)
+
+
+# -- grammar -------------------------------------------------------------------------------------------------
+
+
+def test_compact_turns_parse_to_canonical_calls():
+    assert COMPACT.parse_turn("[ask born_in Varn ]") == ToolCall("delegate", {"task": "born_in Varn"})
+    assert COMPACT.parse_turn("[calc max 31 17 ]") == ToolCall("reason", {"problem": "max 31 17"})
+    assert COMPACT.parse_turn("[search born_in Varn ]") == ToolCall("search", {"query": "born_in Varn"})
+    assert COMPACT.parse_turn(" [open  r2 ]\n") == ToolCall("visit", {"url": "r2"})
+    assert COMPACT.parse_turn("[answer Drur ]") == FinalAnswer("Drur")
+    assert COMPACT.parse_turn(render_call("delegate", "age", "Kelt")) == ToolCall("delegate", {"task": "age Kelt"})
+    assert COMPACT.parse_turn(render_answer("31")) == FinalAnswer("31")
+
+
+@pytest.mark.parametrize("text", ["", "Drur", "[ask born_in Varn", "[ask born_in ]", "[answer ]", "[answer a b ]",
+                                  "[open r2 ] [open r1 ]", "[open r2 ] x", "[open [ask ]", "[answerDrur ]",
+                                  "]", "=> r1", "[calc max 3 ]"])
+def test_malformed_compact_turns_are_format_errors(text):
+    assert isinstance(COMPACT.parse_turn(text), FormatError)
+
+
+def test_compact_allowed_tools_and_arity():
+    assert COMPACT.parse_turn("[search born_in Varn ]", allowed_tools=("delegate", "reason")).reason == UNKNOWN_TOOL
+    assert COMPACT.parse_turn("[ask born_in ]", allowed_tools=("delegate",)).reason == BAD_CALL_SCHEMA
+    assert isinstance(COMPACT.parse_turn(None), FormatError)
+
+
+@given(st.lists(st.sampled_from([*TAGS, "born_in", "Varn", "r2", "31", " ", "\n", "[", "x]"]), max_size=12)
+       .map("".join) | st.text(max_size=40))
+def test_both_grammars_are_total(text):
+    for grammar in (COMPACT, CHAT):
+        parsed = grammar.parse_turn(text, allowed_tools=("delegate", "reason"))
+        assert isinstance(parsed, ToolCall | FinalAnswer | FormatError)
+        trajectory_format_ok(grammar, [text, text])
+
+
+@given(st.sampled_from(["delegate", "search"]), st.sampled_from(list(FACTS)), st.sampled_from(["Varn", "Kelt", "x1"]))
+def test_compact_render_parse_round_trip(tool, fact, name):
+    parsed = COMPACT.parse_turn(render_call(tool, fact, name))
+    assert parsed.name == tool and " ".join(parsed.arguments.values()) == f"{fact} {name}"
+
+
+def test_format_gate_needs_calls_then_one_answer():
+    assert trajectory_format_ok(COMPACT, ["[ask age Varn ]", "[answer 31 ]"])
+    assert not trajectory_format_ok(COMPACT, ["[answer 31 ]", "[ask age Varn ]"])
+    assert not trajectory_format_ok(COMPACT, ["[ask age Varn ]"])
+    assert not trajectory_format_ok(COMPACT, [])
+
+
+# -- world and tools -----------------------------------------------------------------------------------------
+
+
+def test_world_is_deterministic_and_names_are_ambiguous(env):
+    again = generate_compact_world(0)
+    assert again.entities == env.world.entities and dict(again.facts) == dict(env.world.facts)
+    assert generate_compact_world(1).facts != env.world.facts
+    kinds = {name: {e.kind for e in group} for name, group in env.world.by_name.items()}
+    shared = [name for name, k in kinds.items() if {"person", "city"} <= k]
+    assert len(shared) == env.world.config.n_names
+    for (entity_id, fact), value in env.world.facts.items():
+        assert env.world.entities[entity_id].kind == FACTS[fact][0]
+        assert " " not in value
+
+
+def test_search_open_and_calc(env):
+    world = env.world
+    person = world.of_kind("person")[0]
+    session = {}
+    out = world.search(f"born_in {person.name}", session).split()
+    handles, names, kinds = out[0::3], out[1::3], out[2::3]
+    assert handles == ["r1", "r2", "r3"][: len(handles)]
+    assert sorted(k for n, k in zip(names, kinds, strict=True) if n == person.name) == ["city", "person"]
+    handle = handles[[i for i, (n, k) in enumerate(zip(names, kinds, strict=True))
+                      if n == person.name and k == "person"][0]]
+    page = world.visit(handle, session).split()
+    assert page[page.index("born_in") + 1] == world.facts[(person.id, "born_in")]
+    assert world.visit("r2", {}) == "error" and world.visit("r9", session) == "error"
+    assert world.search("nosuchfact Varn") == "error"
+    assert world.calculate("max 31 17") == "31" and world.calculate("min 31 17") == "17"
+    assert world.calculate("max 31 x") == "error" and world.calculate("sum 1 2") == "error"
+
+
+def test_judge_scores_the_true_value(env):
+    person = env.world.of_kind("person")[3]
+    truth = env.world.facts[(person.id, "age")]
+    assert env.judge.score(f"age {person.name}", truth) == 1.0
+    assert env.judge.score(f"age {person.name}", "none") == 0.0
+    assert env.judge.score("age Nobodyhere", NONE) == 1.0  # nothing to find: `none` is right
+    assert env.judge.score("garbage", "x") == 0.0 and env.judge.score(f"age {person.name}", None) == 0.0
+
+
+# -- questions -----------------------------------------------------------------------------------------------
+
+
+def test_questions_have_world_answers_and_disjoint_held_out_sets(env):
+    world = env.world
+    for split, questions in env.questions.items():
+        assert questions, split
+        for q in questions:
+            value = world.entities[q.answer_path[0][0]].name
+            if q.kind != "compare":
+                for entity_id, fact in q.answer_path:
+                    assert world.entities[entity_id].name == value
+                    value = world.facts[(entity_id, fact)]
+                assert value == q.answer
+    held_out = {step for split in HELD_OUT_SPLITS for q in env.questions.split(split) for step in q.answer_path}
+    for q in env.questions.stage1 + env.questions.stage2:
+        assert not held_out & set(q.answer_path)
+    training_topics = {t for q in env.questions.stage1 + env.questions.stage2 for t in q.topic_ids}
+    for split in ("eval_gaia", "eval_xbench", "eval_webwalker"):
+        names = {world.entities[t].name for q in env.questions.split(split) for t in q.topic_ids}
+        assert not names & {world.entities[t].name for t in training_topics}
+    assert {q.hops for q in env.questions.eval_xbench} == {3}
+    assert {q.kind for q in env.questions.stage2} == {"chain", "compare"}
+
+
+# -- tokenizer -----------------------------------------------------------------------------------------------
+
+
+def test_word_tokenizer_has_one_piece_per_word(env, tokenizer):
+    assert tokenizer.vocab_size < 1000
+    for word in env.world.vocabulary():
+        ids = tokenizer.encode(" " + word)
+        assert len(ids) == 1, word
+        assert not tokenizer.id_to_piece(ids[0]).startswith("<0x"), word
+    for word in [*OPEN_TAGS, "=>", "?", MAIN, SUB, SINGLE]:
+        assert len(tokenizer.encode(word)) == 1, word
+    transcript = env.experts().main_agent(env.questions.stage2[0])
+    for episode in (transcript.top, *transcript.subs):
+        ids, _ = tokenizer.render_chat(episode.as_chat())
+        assert not any(tokenizer.id_to_piece(i).startswith("<0x") for i in ids)
+        assert tokenizer.decode(tokenizer.encode(episode.messages[-1].text)) == episode.messages[-1].text
+
+
+# -- experts -------------------------------------------------------------------------------------------------
+
+
+def test_noise_free_experts_finish_every_question_within_the_preset_limits(env, tokenizer):
+    """Replays the error-free experts' transcripts under the `local` preset's context, turn and turn-length caps."""
+    config = get_config("xbench", "local")
+    experts = env.experts(CompactNoise.clean())
+    for split, questions in env.questions.items():
+        for q in questions:
+            multi, single = experts.main_agent(q), experts.single_agent(q)
+            assert multi.correct and single.correct, (split, q.text)
+            for agent, episode in [(MAIN, multi.top), (SINGLE, single.top)] + [(SUB, s) for s in multi.subs]:
+                ids, _ = tokenizer.render_chat(episode.as_chat())
+                assert len(ids) <= config[agent].context_tokens, (agent, q.text, len(ids))
+                turns = episode.assistant_turns
+                assert len(turns) <= config[agent].max_turns
+                assert all(len(tokenizer.encode(t)) + 1 <= config.rollout.max_turn_tokens for t in turns)
+            assert len(multi.subs) <= config.rollout.max_sub_calls
+
+
+def test_noisy_experts_err_only_inside_their_subsets_and_not_always(env):
+    noise = CompactNoise()
+    experts = env.experts(noise)
+    opened = collections.Counter()
+    for q in env.questions.stage1:
+        for sub in experts.main_agent(q).subs:
+            fact = sub.task.split()[0]
+            wrong = sub.answer == NONE
+            opened[(fact in noise.wrong_kind, wrong)] += 1
+    assert opened[(False, True)] == 0  # outside the subset the sub-agent never opens the wrong namesake
+    rate = opened[(True, True)] / (opened[(True, True)] + opened[(True, False)])
+    assert 0.5 < rate < 0.85  # first tries err at 0.7; re-asks dilute it a little
+    rates = compact_success(experts, env.questions.stage2)
+    perfect = compact_success(env.experts(CompactNoise.clean()), env.questions.stage2)
+    assert 0.2 < rates["multi"] < 0.6 and perfect["multi"] == 1.0
+
+
+def test_expert_mistakes_are_systematic_per_fact_and_stochastic_per_episode(env):
+    noise = CompactNoise()
+    assert len(noise.wrong_kind) == 5 and len(noise.skip_calc) == 2
+    experts = env.experts(noise)
+    fact = sorted(noise.wrong_kind)[0]
+    person_or_other = env.world.of_kind(FACTS[fact][0])
+    answers = [experts.sub_agent(f"{fact} {e.name}").answer for e in person_or_other[:60]]
+    assert 0 < answers.count(NONE) < len(answers)
+    assert [t.text for t in experts.sub_agent(f"{fact} {person_or_other[0].name}").messages if t.role == ASSISTANT] \
+        == [t.text for t in experts.sub_agent(f"{fact} {person_or_other[0].name}").messages if t.role == ASSISTANT]
