@@ -130,8 +130,10 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
     bshard = batch_sharding(mesh)
     B, T = plan.train_rows, plan.seq_len
     dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "attention_mask": jnp.bool_, "loss_mask": jnp.float32,
-              "old_logprobs": jnp.float32, "advantages": jnp.float32, "weights": jnp.float32}
-    batch = {k: _abstract((B,) if k in ("advantages", "weights") else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
+              "old_logprobs": jnp.float32, "advantages": jnp.float32, "weights": jnp.float32,
+              "temperature": jnp.float32}
+    per_row = ("advantages", "weights", "temperature")
+    batch = {k: _abstract((B,) if k in per_row else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
     return step.jitted.lower(abs_state, batch)
 
 

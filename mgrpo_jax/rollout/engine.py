@@ -27,8 +27,9 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mgrpo_jax.env import protocol
-from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER, question_prompt, sub_agent_prompt
+from mgrpo_jax.env.grammar import CHAT, Grammar, delegation
+from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER
+from mgrpo_jax.env.protocol import FinalAnswer, FormatError
 from mgrpo_jax.rollout.episode import (
     ANSWERED,
     CONTEXT_FULL,
@@ -49,7 +50,9 @@ class AgentRuntime:
     name: str  # "main", "sub" or "single"
     sampler: object  # `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=, budgets=)`
     system_prompt: str
-    tools: Mapping[str, Callable[[Mapping], str]]  # run in-process; `delegate` is handled by the engine
+    # Run in-process as `tool(arguments, session)`; `session` is the episode's own dict (compact `open r2` reads the
+    # episode's last search from it). `delegate` is handled by the engine.
+    tools: Mapping[str, Callable[[Mapping, dict], str]]
     can_delegate: bool = False
     max_turns: int = 8
     context_tokens: int = 2048
@@ -71,13 +74,15 @@ class RolloutLimits:
 class RolloutEngine:
     def __init__(self, tokenizer, top: AgentRuntime, sub: AgentRuntime | None = None,
                  limits: RolloutLimits | None = None,
-                 sub_executor: Callable[[list[Episode], Sequence], list[Episode]] | None = None):
+                 sub_executor: Callable[[list[Episode], Sequence], list[Episode]] | None = None,
+                 grammar: Grammar = CHAT):
         if top.can_delegate and sub is None:
             raise ValueError(f"agent {top.name!r} can delegate but no sub-agent runtime was given")
         self.tokenizer = tokenizer
         self.top = top
         self.sub = sub
         self.limits = limits or RolloutLimits()
+        self.grammar = grammar  # how turns parse and how prompts and tool responses are written
         # None: sub-agent turns run here, in lock-step with the top-level turns. Else called as
         # `sub_executor(spawned, questions)` once per iteration; returns the spawned episodes finished.
         self.sub_executor = sub_executor
@@ -94,15 +99,18 @@ class RolloutEngine:
         return episode
 
     def _respond(self, episode: Episode, output: str) -> None:
-        episode.extend(self.tokenizer.render_message(TOOL, protocol.render_tool_response(output)))
+        episode.extend(self.tokenizer.render_message(TOOL, self.grammar.render_tool_response(output)))
 
     # -- the loop ------------------------------------------------------------------------------------
 
-    def run(self, questions: Sequence, rollouts: int, seed: int = 0) -> RolloutBatch:
-        """Run `rollouts` whole-system episodes of every question; returns them with timings."""
+    def run(self, questions: Sequence, rollouts: int, seed: int = 0, temperature: float | None = None) -> RolloutBatch:
+        """Run `rollouts` whole-system episodes of every question; returns them with timings. `temperature`
+        overrides the limits' for this call (0: greedy, e.g. the warm start's format check)."""
         timings = {"sampling_s": 0.0, "tools_s": 0.0}
+        temperature = self.limits.temperature if temperature is None else float(temperature)
         top = [
-            [self._start(self.top, question_prompt(q.text), question_index=qi, rollout=k) for k in range(rollouts)]
+            [self._start(self.top, self.grammar.question_prompt(q.text), question_index=qi, rollout=k)
+             for k in range(rollouts)]
             for qi, q in enumerate(questions)
         ]
         live_subs: list[Episode] = []
@@ -112,7 +120,7 @@ class RolloutEngine:
             if not ready and not live_subs:
                 break
             if ready:
-                spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings)
+                spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings, temperature)
                 if self.sub_executor is not None and spawned:
                     start = time.perf_counter()
                     for sub in self.sub_executor(spawned, questions):
@@ -121,7 +129,7 @@ class RolloutEngine:
                 else:
                     live_subs.extend(spawned)
             if live_subs:
-                self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings)
+                self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings, temperature)
                 for sub in [s for s in live_subs if s.done]:
                     live_subs.remove(sub)
                     self._return_to_parent(sub, top)
@@ -130,7 +138,8 @@ class RolloutEngine:
 
     def start_sub(self, task: str, context: str = "", **fields) -> Episode:
         """A new sub-agent episode for `delegate(task, context)` (fields: question_index, rollout, invocation)."""
-        return self._start(self.sub, sub_agent_prompt(task, context), call={"task": task, "context": context},
+        return self._start(self.sub, self.grammar.sub_agent_prompt(task, context),
+                           call={"task": task, "context": context},
                            task=task if not context.strip() else f"{task}\n{context}", **fields)
 
     def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None) -> dict:
@@ -138,12 +147,13 @@ class RolloutEngine:
         timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
         live, iteration = list(subs), 0
         while live:
-            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings)
+            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings, self.limits.temperature)
             live = [s for s in live if not s.done]
             iteration += 1
         return timings
 
-    def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict) -> list[Episode]:
+    def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict,
+              temperature: float) -> list[Episode]:
         """One sampled turn for each episode; returns the sub-agent episodes the turns started."""
         limits = self.limits
         prompts, budgets, active = [], [], []
@@ -155,11 +165,13 @@ class RolloutEngine:
             prompts.append(episode.tokens + self._assistant_prefix)
             budgets.append(min(limits.max_turn_tokens, room))
             active.append(episode)
+            episode.temperature = temperature
         if not active:
             return []
         start = time.perf_counter()
         out = agent.sampler.sample(prompts, max_new=limits.max_turn_tokens, rng=rng,
-                                   temperature=limits.temperature, stop_tokens=(self._end_of_turn,),
+                                   temperature=temperature,
+                                   stop_tokens=(self._end_of_turn,),
                                    budgets=budgets)
         timings["sampling_s"] += time.perf_counter() - start
 
@@ -183,12 +195,12 @@ class RolloutEngine:
         return spawned
 
     def _act(self, agent: AgentRuntime, episode: Episode, text: str) -> list[Episode]:
-        parsed = protocol.parse_turn(text, allowed_tools=agent.tool_names)
-        if isinstance(parsed, protocol.FormatError):
+        parsed = self.grammar.parse_turn(text, allowed_tools=agent.tool_names)
+        if isinstance(parsed, FormatError):
             episode.end_reason = FORMAT_ERROR
             episode.format_error = parsed.reason
             return []
-        if isinstance(parsed, protocol.FinalAnswer):
+        if isinstance(parsed, FinalAnswer):
             episode.answer = parsed.text
             episode.end_reason = ANSWERED
             return []
@@ -198,14 +210,14 @@ class RolloutEngine:
             if len(episode.subs) >= self.limits.max_sub_calls:
                 self._respond(episode, f"Error: at most {self.limits.max_sub_calls} delegations per question.")
             else:
-                sub = self.start_sub(str(parsed.arguments.get("task", "")), str(parsed.arguments.get("context", "")),
-                                     question_index=episode.question_index, rollout=episode.rollout,
+                task, context = delegation(parsed.arguments)
+                sub = self.start_sub(task, context, question_index=episode.question_index, rollout=episode.rollout,
                                      invocation=len(episode.subs))
                 episode.subs.append(sub)
                 episode.waiting_on = sub
                 spawned.append(sub)
         else:
-            self._respond(episode, agent.tools[parsed.name](parsed.arguments))
+            self._respond(episode, agent.tools[parsed.name](parsed.arguments, episode.tool_session))
         if not episode.waiting_on and len(episode.turns) >= agent.max_turns:
             episode.end_reason = MAX_TURNS
         return spawned
@@ -216,7 +228,7 @@ class RolloutEngine:
         if sub.answer is not None:
             report = sub.answer[: self.limits.max_answer_chars]
         else:
-            report = f"The sub-agent returned no answer (it stopped: {sub.end_reason})."
+            report = self.grammar.no_answer_report(sub.end_reason)
         self._respond(parent, report)
         if len(parent.turns) >= self.top.max_turns:
             parent.end_reason = MAX_TURNS

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mgrpo_jax.core import main_reward, sub_reward
-from mgrpo_jax.env import protocol
+from mgrpo_jax.env.grammar import CHAT, Grammar, trajectory_format_ok
 from mgrpo_jax.rollout.episode import RolloutBatch
 
 Scorer = Callable[[str, str], bool]  # (prediction, gold) -> correct
@@ -24,12 +24,12 @@ class RewardInputs:
     sub_expert: list  # [Q][K][d_k] float in [0, 1]
 
 
-def episode_format_ok(turns, allowed_tools) -> bool:
-    return protocol.trajectory_format_ok(turns, allowed_tools=allowed_tools)
+def episode_format_ok(turns, allowed_tools, grammar: Grammar = CHAT) -> bool:
+    return trajectory_format_ok(grammar, turns, allowed_tools=allowed_tools)
 
 
 def reward_inputs(batch: RolloutBatch, scorer: Scorer, expert: ExpertScorer | None,
-                  top_tools, sub_tools=None) -> RewardInputs:
+                  top_tools, sub_tools=None, grammar: Grammar = CHAT) -> RewardInputs:
     q_count, k_count = batch.shape
     format_ok = np.zeros((q_count, k_count), bool)
     correct = np.zeros((q_count, k_count), np.float32)
@@ -39,9 +39,9 @@ def reward_inputs(batch: RolloutBatch, scorer: Scorer, expert: ExpertScorer | No
         sub_format.append([])
         sub_expert.append([])
         for ki, episode in enumerate(row):
-            format_ok[qi, ki] = episode_format_ok(episode.turns, top_tools)
+            format_ok[qi, ki] = episode_format_ok(episode.turns, top_tools, grammar)
             correct[qi, ki] = float(episode.answer is not None and scorer(episode.answer, question.answer))
-            sub_format[qi].append([episode_format_ok(s.turns, sub_tools) for s in episode.subs])
+            sub_format[qi].append([episode_format_ok(s.turns, sub_tools, grammar) for s in episode.subs])
             sub_expert[qi].append([
                 float(expert(s.task, s.answer, question)) if (expert and s.answer is not None) else 0.0
                 for s in episode.subs

@@ -69,15 +69,16 @@ class SampleOutput(NamedTuple):
 
 
 def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
-    """``logits [B, V] / temperature [B]``, then top-k, then top-p; excluded entries become ``-inf``.
+    """``logits [..., V] / temperature [...]``, then top-k, then top-p; excluded entries become ``-inf``.
 
-    ``temperature`` must be > 0 here (greedy rows are handled by the caller). Ties at a cut-off value are
-    kept, so a filter can keep slightly more than k tokens but never drops the argmax.
+    ``temperature`` must be > 0 here (greedy rows are handled by the caller) and has the logits' leading
+    shape (``[B]`` for the sampler's ``[B, V]``, ``[B, T]`` for the train step's teacher-forced logits). Ties
+    at a cut-off value are kept, so a filter can keep slightly more than k tokens but never drops the argmax.
     """
-    x = logits.astype(jnp.float32) / temperature.astype(jnp.float32)[:, None]
+    x = logits.astype(jnp.float32) / temperature.astype(jnp.float32)[..., None]
     V = x.shape[-1]
     if top_k and top_k < V:
-        kth = jax.lax.top_k(x, top_k)[0][:, -1:]
+        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
         x = jnp.where(x >= kth, x, -jnp.inf)
     if top_p < 1.0:
         desc = -jnp.sort(-x, axis=-1)
@@ -87,6 +88,22 @@ def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top
         cutoff = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
         x = jnp.where(x >= cutoff, x, -jnp.inf)
     return x
+
+
+def sampling_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """The logits (up to a constant) of the distribution a token's recorded log-prob refers to: ``[..., V]``
+    float32, ``temperature`` of the leading shape.
+
+    Sampled rows (temperature > 0): ``filter_logits(logits, temperature, top_k, top_p)`` (excluded entries
+    ``-inf``). Greedy rows (temperature <= 0): the unfiltered model logits (temperature 1), whose
+    log-softmax is what the sampler records for them (module docstring). The sampler draws from these
+    logits, and the train step recomputes its log-probs from them
+    (:func:`mgrpo_jax.train.step.policy_logits`), so on-policy importance ratios are 1.
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = temperature <= 0.0
+    safe_t = jnp.where(greedy, 1.0, temperature)
+    return jnp.where(greedy[..., None], logits, filter_logits(logits, safe_t, top_k, top_p))
 
 
 def sample_logits(
@@ -102,10 +119,8 @@ def sample_logits(
     of a decode call at the bench shape (62 against 9 ms per 256 steps of 16 rows). Greedy rows take the
     first maximum: the same search over the indicator of the maxima, at threshold 0.
     """
-    logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
-    safe_t = jnp.where(greedy, 1.0, temperature)
-    dist = jnp.where(greedy[:, None], logits, filter_logits(logits, safe_t, top_k, top_p))
+    dist = sampling_logits(logits, temperature, top_k, top_p)
     top = jnp.max(dist, axis=-1, keepdims=True)
     p = jnp.exp(dist - top)  # unnormalised; 0 where the filters cut
     weights = jnp.where(greedy[:, None], (dist == top).astype(jnp.float32), p)
@@ -505,5 +520,6 @@ __all__ = [
     "generate",
     "inverse_cdf",
     "sample_logits",
+    "sampling_logits",
     "stop_table",
 ]

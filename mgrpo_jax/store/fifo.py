@@ -113,6 +113,10 @@ class FifoConsumer:
         check_int("offset", offset, 10**12)
         self.kv.write(self._state_key, seal({"next": offset}))
 
+    def backlog(self) -> int:
+        """Items appended and not yet popped by this consumer (re-read from the store)."""
+        return self.fifo.size() - self.offset
+
     def peek(self, n: int, timeout_s: float) -> list[Record]:
         """The next ``n`` items without consuming them (waits up to ``timeout_s`` for n to exist)."""
         return self._take(n, timeout_s, advance=False)

@@ -17,7 +17,8 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
   sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
         its cache, computes R_S (the expert judge looks the question up by id), aligns to D slots, computes the
         pooled advantages and trains S on exactly those Q*K*D rows (`mgrpo`), or appends them to the store's
-        FIFO and trains on fixed chunks (`mgrpo_unsync`); then commits its own step record.
+        FIFO in a seeded random order and trains on every full fixed-size chunk waiting, grouped by arrival
+        (`mgrpo_unsync`, mgrpo_jax/train/unsync.py); then commits its own step record.
   The main starts step s + 1 only once the sub has committed step s + 1 - max_lag, so the store's garbage
   collection (the main keeps the last 4 steps) never removes data the sub has not read.
 
@@ -25,7 +26,8 @@ At start-up the main publishes its tokenizer (`control/tokenizer.json`) and the 
 checksum, so both sides use the same ids. After its last step the main writes `control/done.json`; the sub
 exits once it has trained every step the main ran. Staleness is logged as `sub/staleness`: the gap between the
 sub policy's version when a trajectory was sampled and when it is trained on (tasks carry M's version, answers
-and cached trajectories S's).
+and cached trajectories S's); in `mgrpo_unsync` it is that of the records popped from the FIFO, with
+`sub/fifo_backlog`, the records left waiting.
 """
 
 from __future__ import annotations
@@ -271,21 +273,24 @@ class SubRole(Trainer):
         main_correct = view.array("main_correct")
         counts = view.array("sub_counts")
         rollout, keys = self._cached_rollout(step, counts, cache)
-        inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, (), self._sub_tools())
+        inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, (), self._sub_tools(),
+                                       self.engine.grammar)
         adv_kw = dict(scale=cfg.advantages.scale, baseline=cfg.advantages.baseline, eps=cfg.advantages.eps)
         version = int(self.agents[SUB].state.step)
         metrics = {"sub/served": served, "sub/main_correct": float(main_correct.mean()),
                    "sub/main_version": view.policy_version}
         metrics.update({k: v for k, v in rollout.stats().items() if k.startswith("sub/")})
-        sampled = [cache[key][1] for key in keys]
+        sampled = {key: cache[key][1] for key in keys}
         if sampled:
-            metrics["sub/staleness"] = float(np.mean([version - v for v in sampled]))
-        sub_metrics, sub_rows = self._sub_side(rollout, inputs, main_correct, counts, adv_kw)
+            metrics["sub/staleness"] = float(np.mean([version - v for v in sampled.values()]))
+        # mgrpo_unsync: the same FIFO path as the colocated trainer (Trainer._unsync_rows, train/unsync.py), with
+        # each record's own sampling version; its `sub/staleness` (of the popped records) replaces the one above.
+        sub_metrics, sub_batches = self._sub_side(rollout, inputs, main_correct, counts, adv_kw, versions=sampled)
         metrics.update(sub_metrics)
         t2 = time.perf_counter()
         agent = self.agents[SUB]
-        if sub_rows is not None and agent.trainable:
-            metrics.update(self._train(agent, sub_rows))
+        if sub_batches and agent.trainable:
+            metrics.update(self._train(agent, sub_batches))
         self.store.step_writer(step, SUB, version).commit({"served": served})
         t3 = time.perf_counter()
         timings.update({"serve_s": t1 - t0, "rewards_s": t2 - t1, "training_s": t3 - t2, "step_s": t3 - t0})

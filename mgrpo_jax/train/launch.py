@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import logging
+import os
 
 log = logging.getLogger("mgrpo_jax")
+
+COMPILATION_CACHE = ".jax_cache"
+
+
+def enable_compilation_cache(workdir: str) -> str | None:
+    """JAX's persistent compilation cache in the workdir's parent (`<parent>/.jax_cache`): the many short processes
+    of an experiment (warm start, stage 1, stage 2, seeds, modes) compile the same shapes, and each reuses what
+    an earlier one compiled. Local workdirs only; returns the cache folder."""
+    if "://" in workdir:
+        return None
+    import jax
+
+    path = os.path.join(os.path.dirname(os.path.abspath(workdir)), COMPILATION_CACHE)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
 
 
 def run(config, workdir: str, role: str = "colocated") -> dict:
     """`colocated`: both agents in this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
+    enable_compilation_cache(workdir)
     if role == "colocated":
         from mgrpo_jax.train.trainer import Trainer
 

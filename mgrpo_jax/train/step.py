@@ -16,10 +16,24 @@ the new state; do not touch the old state after the call).
                                     old_logprobs[:, t] = log q(tokens[:, t] | tokens[:, :t]); column 0 is 0
     advantages      [B]    float32  one advantage per row (broadcast over its trained tokens)
     weights         [B]    float32  alignment weight per row (0 = padding row: contributes nothing)
+    temperature     [B]    float32  the sampling temperature each row's ``old_logprobs`` were recorded at
+                                    (0 = greedy); optional, a missing key means 1 for every row
     ref_logprobs    [B, T] float32  optional, same alignment; used by the loss's KL term
 
 The SFT step needs only ``tokens, positions, attention_mask, loss_mask`` (``weights`` optional). ``B`` must
 be a multiple of ``micro_batches x (data x fsdp mesh size)``.
+
+**The policy's log-probs are those of the behaviour distribution.** The sampler records ``log q(token)``
+under ``softmax(filter(logits / temperature))`` (:mod:`mgrpo_jax.sampling.sampler`: top-k then top-p,
+fixed per sampler; temperature per row; greedy rows: the unfiltered temperature-1 log-prob). The policy
+step recomputes its log-probs from the same function (:func:`policy_logits`: each row at its own
+``temperature``, the step's static ``top_k`` / ``top_p``), so an on-policy batch has importance ratios of
+exactly 1 up to float rounding, whatever the temperature and filters. Temperature-1 rows without filters
+give the model's own ``log_softmax(logits)``, as before. A token that falls outside the top-k / top-p set
+after an update gets the large negative finite logit ``EXCLUDED_LOGIT`` instead of ``-inf``: its log-prob
+is about -1e9, its ratio 0 and every gradient finite (the clipped surrogate sends no gradient through a
+ratio of 0). The SFT step and :func:`make_logprob_fn`'s default are the model's own temperature-1,
+unfiltered log-probs.
 
 **Exact gradient accumulation.** Losses return ``(loss_sum, denominator, metrics)``
 (:mod:`mgrpo_jax.core.losses`). The batch is cut into ``micro_batches`` micro-batches (row ``r`` goes to
@@ -44,6 +58,7 @@ updates over freshly shuffled row subsets, the classic PPO schedule (build the s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,12 +72,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mgrpo_jax.core.losses import PolicyLossInputs, get_loss
 from mgrpo_jax.model import gather_logprobs
+from mgrpo_jax.sampling.sampler import sampling_logits
 from mgrpo_jax.train.optim import current_lr
 from mgrpo_jax.train.state import AgentState
 
 BATCH_AXES = ("data", "fsdp")
-POLICY_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights")
+POLICY_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights",
+               "temperature")
 SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask")
+# The logit a token excluded by top-k / top-p gets in the train step (the sampler uses -inf): exp() of it is
+# exactly 0 in float32, so the distribution is the sampler's, but log-probs and gradients stay finite.
+EXCLUDED_LOGIT = -1e9
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -137,21 +157,48 @@ def _check_rows(B: int, micro_batches: int, shards: int):
 # Forward pieces
 
 
-def _forward(graphdef, params, mb: dict, with_logits: bool = False):
-    """Teacher-forced log-probs [B, T] (``token_logprobs`` convention) and optionally the logits."""
+def policy_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+    """The behaviour distribution's logits ``[..., V]`` float32 (``temperature`` of the leading shape): the
+    sampler's :func:`~mgrpo_jax.sampling.sampler.sampling_logits`, with entries the filters exclude at
+    ``EXCLUDED_LOGIT`` (finite) instead of ``-inf``. ``log_softmax`` of it is the log-prob the sampler
+    records; temperature 1 without filters gives exactly the model's logits."""
+    x = sampling_logits(logits, temperature, top_k, top_p)
+    if top_k or top_p < 1.0:
+        x = jnp.where(jnp.isneginf(x), EXCLUDED_LOGIT, x)
+    return x
+
+
+def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour: bool = False, top_k: int = 0,
+             top_p: float = 1.0):
+    """Teacher-forced log-probs [B, T] (``token_logprobs`` convention) and optionally the logits that
+    predicted them ([B, T - 1, V]: position t predicts token t + 1).
+
+    ``behaviour=False``: the model's own distribution (temperature 1, unfiltered; the SFT step).
+    ``behaviour=True``: the sampling distribution the behaviour log-probs were recorded under
+    (:func:`policy_logits`), each row at ``mb['temperature']`` (1 when the batch has no such key), with the
+    static ``top_k`` / ``top_p``; the returned logits are then those of that distribution.
+    """
     model = nnx.merge(graphdef, params)
     tokens = mb["tokens"]
     mask = mb["attention_mask"].astype(jnp.bool_)
     logits, _ = model(tokens, mb["positions"], attention_mask=mask)
-    lp = gather_logprobs(logits[:, :-1], tokens[:, 1:])
+    logits = logits[:, :-1]
+    if behaviour:
+        temperature = mb.get("temperature")
+        if temperature is None:
+            temperature = jnp.ones((tokens.shape[0],), jnp.float32)
+        temperature = jnp.broadcast_to(temperature.astype(jnp.float32)[:, None], logits.shape[:2])
+        logits = policy_logits(logits, temperature, top_k, top_p)
+    lp = gather_logprobs(logits, tokens[:, 1:])
     lp = jnp.concatenate([jnp.zeros((tokens.shape[0], 1), jnp.float32), lp], axis=1)
     lp = jnp.where(mask, lp, 0.0)
     return lp, (logits if with_logits else None)
 
 
 def _shifted_entropy(logits: jax.Array) -> jax.Array:
-    """Entropy of the distribution each token was predicted from, aligned like the log-probs."""
-    x = logits[:, :-1].astype(jnp.float32)
+    """Entropy of the distribution each token was predicted from ([B, T - 1, V] logits, as ``_forward``
+    returns them), aligned like the log-probs."""
+    x = logits.astype(jnp.float32)
     logz = jax.nn.logsumexp(x, axis=-1)
     ent = logz - (jax.nn.softmax(x, axis=-1) * x).sum(-1)
     return jnp.concatenate([jnp.zeros((x.shape[0], 1), jnp.float32), ent], axis=1)
@@ -162,11 +209,14 @@ def _trained_mask(mb: dict) -> jax.Array:
     return mask.at[:, 0].set(0.0)
 
 
-def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False):
-    """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss."""
+def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False,
+                      top_k: int = 0, top_p: float = 1.0):
+    """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss, with
+    log-probs (and entropy) of the behaviour distribution (``mb['temperature']``, ``top_k``, ``top_p``)."""
 
     def f(params, mb):
-        lp, logits = _forward(graphdef, params, mb, with_logits=compute_entropy)
+        lp, logits = _forward(graphdef, params, mb, with_logits=compute_entropy, behaviour=True, top_k=top_k,
+                              top_p=top_p)
         entropy = _shifted_entropy(logits) if compute_entropy else None
         inputs = PolicyLossInputs(
             logprobs=lp, old_logprobs=mb["old_logprobs"].astype(jnp.float32),
@@ -191,7 +241,7 @@ def sft_micro_loss(graphdef):
         denom = wm.sum()
         trained = mask * (w[:, None] > 0)
         tokens = trained.sum()
-        pred = jnp.argmax(logits[:, :-1], axis=-1)
+        pred = jnp.argmax(logits, axis=-1)
         hit = jnp.concatenate([jnp.zeros((mask.shape[0], 1), jnp.float32),
                                (pred == mb["tokens"][:, 1:]).astype(jnp.float32)], axis=1)
         metrics = {"tokens": tokens, "accuracy": (hit * trained).sum() / jnp.maximum(tokens, 1.0)}
@@ -317,11 +367,15 @@ def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Ca
 def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_name: str,
                      loss_hparams: dict | None, state_sharding: AgentState, mesh: Mesh,
                      micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
-                     compute_entropy: bool = False, donate: bool = True) -> TrainStep:
+                     compute_entropy: bool = False, donate: bool = True, top_k: int = 0,
+                     top_p: float = 1.0) -> TrainStep:
     """Policy-gradient step with the registered loss ``loss_name`` (``grpo``, ``dr_grpo``, ``gspo``, ...)
     and its keyword hyper-parameters. ``compute_entropy`` adds the policy's token entropy to the metrics
-    (costs a softmax over the vocabulary). See the module docstring for the batch and the metrics."""
-    micro = policy_micro_loss(graphdef, get_loss(loss_name), dict(loss_hparams or {}), compute_entropy)
+    (costs a softmax over the vocabulary). ``top_k`` / ``top_p``: the filters of the sampler that recorded
+    the batches' behaviour log-probs (its ``Sampler.top_k`` / ``Sampler.top_p``; 0 / 1.0 = off); the
+    per-row temperature comes with the batch. See the module docstring for the batch and the metrics."""
+    micro = policy_micro_loss(graphdef, get_loss(loss_name), dict(loss_hparams or {}), compute_entropy,
+                              int(top_k), float(top_p))
     return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
                       batch_axes=batch_axes, donate=donate)
 
@@ -339,33 +393,41 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, state_shard
 
 
 def make_logprob_fn(graphdef, state_sharding: AgentState, mesh: Mesh, *, micro_batches: int = 1,
-                    batch_axes: Sequence[str] = BATCH_AXES):
-    """Jitted ``fn(params, tokens, positions, attention_mask) -> [B, T] float32`` teacher-forced log-probs
-    (``token_logprobs`` convention: column 0 and padding are 0), e.g. to recompute old / reference
-    log-probs. ``params`` is ``state.params`` (or a frozen reference's). ``micro_batches`` bounds memory
-    (rows are processed in that many chunks under ``lax.map``)."""
+                    batch_axes: Sequence[str] = BATCH_AXES, top_k: int = 0, top_p: float = 1.0):
+    """Jitted ``fn(params, tokens, positions, attention_mask, temperature=None) -> [B, T] float32``
+    teacher-forced log-probs (``token_logprobs`` convention: column 0 and padding are 0), e.g. to recompute
+    old / reference log-probs. ``params`` is ``state.params`` (or a frozen reference's). Without
+    ``temperature`` and filters they are the model's own log-probs; ``temperature`` [B] (0 = greedy) with
+    ``top_k`` / ``top_p`` gives those of the sampling distribution, as the policy step computes them.
+    ``micro_batches`` bounds memory (rows are processed in that many chunks under ``lax.map``)."""
     bshard = batch_sharding(mesh, batch_axes)
     shards = batch_shards(mesh, batch_axes)
     micro_batches = int(micro_batches)
+    top_k, top_p = int(top_k), float(top_p)
 
-    def fn(params, tokens, positions, attention_mask):
+    def fn(params, tokens, positions, attention_mask, temperature):
         _check_rows(tokens.shape[0], micro_batches, shards)
-        batch = {"tokens": tokens, "positions": positions, "attention_mask": attention_mask}
+        batch = {"tokens": tokens, "positions": positions, "attention_mask": attention_mask,
+                 "temperature": temperature}
+        forward = functools.partial(_forward, graphdef, params, behaviour=True, top_k=top_k, top_p=top_p)
         if micro_batches == 1:
-            return _forward(graphdef, params, batch)[0]
+            return forward(batch)[0]
 
         def one(mb):
             mb = jax.lax.with_sharding_constraint(mb, bshard)
-            return _forward(graphdef, params, mb)[0]
+            return forward(mb)[0]
 
         mbs = jax.tree.map(lambda x: _split_micro(x, micro_batches), batch)
         return _merge_micro(jax.lax.map(one, mbs))
 
-    jitted = jax.jit(fn, in_shardings=(state_sharding.params, bshard, bshard, bshard), out_shardings=bshard)
+    jitted = jax.jit(fn, in_shardings=(state_sharding.params, bshard, bshard, bshard, bshard),
+                     out_shardings=bshard)
 
-    def call(params, tokens, positions, attention_mask):
-        b = _place({"t": tokens, "p": positions, "m": attention_mask}, bshard)
-        return jitted(params, b["t"], b["p"], b["m"])
+    def call(params, tokens, positions, attention_mask, temperature=None):
+        if temperature is None:
+            temperature = np.ones((np.shape(tokens)[0],), np.float32)
+        b = _place({"t": tokens, "p": positions, "m": attention_mask, "T": temperature}, bshard)
+        return jitted(params, b["t"], b["p"], b["m"], b["T"])
 
     call.jitted = jitted
     return call

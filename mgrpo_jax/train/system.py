@@ -12,8 +12,10 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 
+from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorldConfig, build_compact_environment
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
 from mgrpo_jax.env.experts import NoiseConfig
+from mgrpo_jax.env.grammar import get_grammar
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB, system_prompt
 from mgrpo_jax.env.protocol import ToolCall
 from mgrpo_jax.env.questions import QuestionSetSizes
@@ -34,8 +36,13 @@ from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_pa
 log = logging.getLogger(__name__)
 
 
-def build_environment(config: ml_collections.ConfigDict) -> OfflineEnvironment:
+def build_environment(config: ml_collections.ConfigDict) -> OfflineEnvironment | CompactEnvironment:
+    """The world of `config.env.grammar`: the offline world of pages (`chat`) or the compact world."""
     env_cfg = config.env
+    get_grammar(env_cfg.grammar)  # a clear error for an unknown grammar
+    if env_cfg.grammar == "compact":
+        return build_compact_environment(env_cfg.seed, QuestionSetSizes(**env_cfg.sizes.to_dict()),
+                                         CompactWorldConfig(**env_cfg.compact.to_dict()))
     world = WorldConfig(n_entities=env_cfg.n_entities, background_sentences=env_cfg.background_sentences)
     sizes = QuestionSetSizes(**env_cfg.sizes.to_dict())
     env = build_offline_environment(env_cfg.seed, env_cfg.n_entities, sizes, world)
@@ -50,12 +57,23 @@ def web_backend(config, env: OfflineEnvironment):
     return env.backend
 
 
-def noise_config(config) -> NoiseConfig:
+def noise_config(config) -> NoiseConfig | CompactNoise:
+    if config.env.grammar == "compact":
+        return CompactNoise(**{"seed": config.env.seed, **config.env.compact_noise.to_dict()})
     return NoiseConfig(**{"seed": config.env.seed, **config.env.noise.to_dict()})
 
 
-def tokenizer_corpus(env: OfflineEnvironment, config, limit_questions: int = 200) -> list[str]:
-    """Page texts, prompts and expert transcripts: everything the agents will read or write."""
+def tokenizer_corpus(env: OfflineEnvironment | CompactEnvironment, config, limit_questions: int = 200) -> list[str]:
+    """Page texts (or the compact world's words), prompts and expert transcripts: everything the agents will read
+    or write."""
+    if isinstance(env, CompactEnvironment):
+        texts = [" ".join(env.world.vocabulary())]
+        experts = env.experts(noise_config(config))
+        for question in list(env.questions.stage1[:limit_questions]) + list(env.questions.stage2[:limit_questions]):
+            for transcript in (experts.main_agent(question), experts.single_agent(question)):
+                for episode in (transcript.top, *transcript.subs):
+                    texts.extend(message.text for message in episode.messages)
+        return texts
     texts = [page.text for page in env.world.pages.values()]
     experts = env.experts(noise_config(config))
     # Every episode starts with its agent's system prompt, so it is as frequent as the episodes themselves;
@@ -82,6 +100,8 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
     inherited = os.path.join(config.init_checkpoint, "tokenizer.model") if config.init_checkpoint else None
     if inherited and os.path.exists(inherited):
         tokenizer = Tokenizer.load(inherited)
+    elif isinstance(env, CompactEnvironment):
+        tokenizer = train_word_tokenizer(env, config)
     else:
         tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
                                     **config.tokenizer.trainer_kwargs.to_dict())
@@ -89,6 +109,15 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
         os.makedirs(workdir, exist_ok=True)
         tokenizer.save(path)
     return tokenizer
+
+
+def train_word_tokenizer(env: CompactEnvironment, config) -> Tokenizer:
+    """The compact world's word-level SentencePiece model: every tag, name, value and handle is a user symbol, so
+    each is exactly one piece (a few hundred words beside the 256 byte pieces, which only malformed text uses)."""
+    symbols = env.tokenizer_symbols()
+    # The word trainer needs room beyond the user symbols; without a hard limit it keeps only what it uses.
+    vocab_size = max(config.tokenizer.vocab_size, 4 + 256 + 2 * len(symbols) + 64)
+    return Tokenizer.train(tokenizer_corpus(env, config), vocab_size, model_type="word", extra_symbols=symbols)
 
 
 def _by_process(devices: Sequence) -> list[list]:
@@ -204,28 +233,39 @@ def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None
     return agents
 
 
-def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment, agents: dict[str, Agent],
-                 sub_executor=None) -> RolloutEngine:
+def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment | CompactEnvironment,
+                 agents: dict[str, Agent], sub_executor=None) -> RolloutEngine:
     """The rollout engine; an agent missing from `agents` (the other job's, in decoupled mode) gets a runtime
     without a sampler: its prompt and tools are known here, its turns are not sampled here."""
-    backend = web_backend(config, env)
-    top_k = config.env.search_top_k
     limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,
                            temperature=config.rollout.temperature)
 
-    def runtime(name, toolbox, can_delegate):
-        agent_cfg = config[name]
-        tools = {tool: functools.partial(_execute, toolbox, tool) for tool in toolbox.names if tool != DELEGATE}
+    def runtime(name, prompt_and_tools, can_delegate):
+        prompt, tools = prompt_and_tools
         sampler = agents[name].sampler if name in agents else None
-        return AgentRuntime(name, sampler, system_prompt(name, toolbox.specs), tools,
-                            can_delegate=can_delegate, max_turns=agent_cfg.max_turns,
-                            context_tokens=agent_cfg.context_tokens)
+        return AgentRuntime(name, sampler, prompt, tools, can_delegate=can_delegate,
+                            max_turns=config[name].max_turns, context_tokens=config[name].context_tokens)
 
+    if isinstance(env, CompactEnvironment):
+        def prompt_and_tools(name):
+            return env.system_prompt(name), env.tools(name)
+    else:
+        backend, top_k = web_backend(config, env), config.env.search_top_k
+        toolboxes = {MAIN: main_agent_toolbox(), SUB: sub_agent_toolbox(backend, top_k),
+                     SINGLE: single_agent_toolbox(backend, top_k)}
+
+        def prompt_and_tools(name):
+            toolbox = toolboxes[name]
+            tools = {tool: functools.partial(_execute, toolbox, tool) for tool in toolbox.names if tool != DELEGATE}
+            return system_prompt(name, toolbox.specs), tools
+
+    grammar = get_grammar(config.env.grammar)
     if SINGLE in agents:
-        return RolloutEngine(tokenizer, runtime(SINGLE, single_agent_toolbox(backend, top_k), False), None, limits)
-    return RolloutEngine(tokenizer, runtime(MAIN, main_agent_toolbox(), True),
-                         runtime(SUB, sub_agent_toolbox(backend, top_k), False), limits, sub_executor)
+        return RolloutEngine(tokenizer, runtime(SINGLE, prompt_and_tools(SINGLE), False), None, limits, grammar=grammar)
+    return RolloutEngine(tokenizer, runtime(MAIN, prompt_and_tools(MAIN), True),
+                         runtime(SUB, prompt_and_tools(SUB), False), limits, sub_executor, grammar=grammar)
 
 
-def _execute(toolbox, name: str, arguments) -> str:
+def _execute(toolbox, name: str, arguments, session=None) -> str:
+    """A chat tool as the engine calls it; the chat world's tools keep no per-episode state."""
     return toolbox.execute(ToolCall(name, arguments))

@@ -26,7 +26,7 @@ import zlib
 import jax
 import numpy as np
 
-from mgrpo_jax.core import align, d_histogram, degenerate_groups, group_advantages, main_advantages, sub_advantages
+from mgrpo_jax.core import align, d_histogram, degenerate_groups, main_advantages, sub_advantages
 from mgrpo_jax.env.benchmarks import load_gaia, load_webwalker, load_xbench
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
@@ -42,7 +42,10 @@ from mgrpo_jax.train.step import make_policy_step, make_sft_step
 
 log = logging.getLogger(__name__)
 
-TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights")
+# `temperature`: each row's sampling temperature, so the step's log-probs are those of the behaviour
+# distribution (mgrpo_jax/train/step.py); every policy batch built here carries it.
+TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights",
+              "temperature")
 SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
 EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker")
 BENCHMARK_LOADERS = {"gaia": load_gaia, "xbench": load_xbench, "webwalker": load_webwalker}
@@ -193,54 +196,127 @@ class Trainer:
     def warm_start(self, guard: PreemptionGuard | None = None) -> bool:
         """Supervised cloning of the scripted experts' transcripts, then a fresh RL optimizer per agent.
 
+        Each agent trains for up to its `warmstart_steps` (or `warmstart.steps`). With `warmstart.check_every` > 0
+        the agents train in rounds of that many steps, and after each round greedy decoding runs on
+        `warmstart.format_questions` training questions: an agent that has trained `warmstart.min_steps` and keeps
+        the protocol on at least `warmstart.format_target` of its episodes stops (logged as
+        `warmstart/<agent>/format_ok`, with the system's greedy `warmstart/<agent>/correct`). RL should start from
+        agents that keep the format; otherwise their rewards are all zero and RL has nothing to work with. The
+        format comes long before the content (copying names and values), hence the minimum.
+
         Returns False when preempted: the warm start is short, so a resumed run simply starts it again.
         """
         cfg = self.config.warmstart
+        clones = {}
         for name, agent in self.agents.items():
-            start = time.perf_counter()
-            examples = self.demonstrations(name, cfg.examples, _seed(self.config.seed, "demos", name))
-            seq_len = agent.config.context_tokens
             steps = agent.config.warmstart_steps or cfg.steps
             sft_cfg = agent.config.sft.copy_and_resolve_references()
             sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
             agent.reset_optimizer(sft_cfg)
-            sft = make_sft_step(agent.graphdef, make_optimizer(sft_cfg), agent.sharding, agent.mesh)
-            rng = np.random.default_rng(_seed(self.config.seed, "sft", name))
-            losses = []
-            for i in range(steps):
-                if guard is not None and guard.should_stop():
-                    log.warning("preempted during the warm start of %s; it restarts when the run resumes", name)
-                    return False
-                rows = [examples[j] for j in rng.choice(len(examples), cfg.batch_size, replace=False)]
-                length = batches.bucket_length([len(ids) for ids, _ in rows], seq_len)
-                batch = batches.sft_rows(rows, length, self.tokenizer.pad_id)
-                agent.state, metrics = sft(agent.state, {k: batch[k] for k in SFT_KEYS})
-                losses.append(float(metrics["loss"]))
-                if i % 25 == 0 or i == steps - 1:
-                    self.writer.write(i, {f"warmstart/{name}/loss": losses[-1]}, prefix_step="warmstart")
+            clones[name] = types.SimpleNamespace(
+                steps=steps, done=0, losses=[], start=time.perf_counter(),
+                examples=self.demonstrations(name, cfg.examples, _seed(self.config.seed, "demos", name)),
+                step=make_sft_step(agent.graphdef, make_optimizer(sft_cfg), agent.sharding, agent.mesh),
+                rng=np.random.default_rng(_seed(self.config.seed, "sft", name)))
+        active = [name for name in self.agents if clones[name].steps > 0]
+        while active:
+            for name in active:
+                clone, agent = clones[name], self.agents[name]
+                for _ in range(min(cfg.check_every or clone.steps, clone.steps - clone.done)):
+                    if guard is not None and guard.should_stop():
+                        log.warning("preempted during the warm start of %s; it restarts when the run resumes", name)
+                        return False
+                    rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
+                                                                        replace=False)]
+                    length = batches.bucket_length([len(ids) for ids, _ in rows], agent.config.context_tokens)
+                    batch = batches.sft_rows(rows, length, self.tokenizer.pad_id)
+                    agent.state, metrics = clone.step(agent.state, {k: batch[k] for k in SFT_KEYS})
+                    clone.losses.append(float(metrics["loss"]))
+                    if clone.done % 25 == 0 or clone.done == clone.steps - 1:
+                        self.writer.write(clone.done, {f"warmstart/{name}/loss": clone.losses[-1]},
+                                          prefix_step="warmstart")
+                    clone.done += 1
+                agent.publish()
+            finished = [name for name in active if clones[name].done >= clones[name].steps]
+            if cfg.check_every and self.agent_subset is None:  # the check needs every agent of the system
+                rates, correct = self.greedy_format()
+                for name in active:
+                    self.writer.write(clones[name].done, {f"warmstart/{name}/format_ok": rates[name],
+                                                          f"warmstart/{name}/correct": correct},
+                                      prefix_step="warmstart")
+                    log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
+                             clones[name].done, clones[name].losses[-1], rates[name], correct)
+                finished += [name for name in active
+                             if rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps]
+            active = [name for name in active if name not in finished]
+        for name, agent in self.agents.items():
+            clone = clones[name]
             agent.reset_optimizer(agent.config.optim)
-            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, steps, losses[0] if losses
-                     else float("nan"), losses[-1] if losses else float("nan"), time.perf_counter() - start)
+            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, clone.done,
+                     clone.losses[0] if clone.losses else float("nan"),
+                     clone.losses[-1] if clone.losses else float("nan"), time.perf_counter() - clone.start)
         self.warm_started = True
         return True
+
+    def greedy_format(self) -> tuple[dict[str, float], float]:
+        """({agent: share of its greedy episodes that keep the protocol}, share of correct final answers) on
+        `warmstart.format_questions` training questions (the first ones of stage 1 and of stage 2, half each)."""
+        count = self.config.warmstart.format_questions
+        pool = list(self.env.questions.stage1[: count - count // 2]) + list(self.env.questions.stage2[: count // 2])
+        result = self.engine.run(pool, 1, seed=_seed(self.config.seed, "format"), temperature=0.0)
+        grammar = self.engine.grammar
+        shares = {}
+        for name in self.agents:
+            episodes = list(result.episodes(name))
+            tools = self._sub_tools() if name == SUB else self._top_tools()
+            shares[name] = float(np.mean([rewards.episode_format_ok(e.turns, tools, grammar) for e in episodes])
+                                 if episodes else 0.0)
+        correct = [float(e.answer is not None and world_answer_correct(e.answer, pool[e.question_index].answer))
+                   for row in result.top for e in row]
+        return shares, float(np.mean(correct))
 
     # -- one RL step ------------------------------------------------------------------------------------
 
     def _policy_step(self, agent):
+        """The agent's jitted policy step, built once; its log-probs use the top-k / top-p of the agent's
+        sampler (the filters the behaviour log-probs were recorded under; temperatures come per row)."""
         if agent.name not in self._policy_steps:
             self._policy_steps[agent.name] = make_policy_step(
                 agent.graphdef, make_optimizer(agent.config.optim), agent.config.loss, dict(agent.config.loss_hparams),
-                agent.sharding, agent.mesh, micro_batches=agent.config.micro_batches)
+                agent.sharding, agent.mesh, micro_batches=agent.config.micro_batches,
+                top_k=agent.sampler.top_k, top_p=agent.sampler.top_p)
         return self._policy_steps[agent.name]
 
-    def _train(self, agent, batch: dict) -> dict:
+    def _train(self, agent, batches) -> dict:
+        """`passes` updates on each batch in turn (a dict, or a list of dicts: the unsynchronised sub-agent's
+        FIFO chunks, oldest first), then new weights to the sampler. Logged: each batch's last-pass metrics,
+        combined over batches (`*_min` / `*_max` by min / max, `tokens` summed, the rest averaged), as
+        `<agent>/train/<key>`."""
+        batches = [batches] if isinstance(batches, dict) else list(batches)
+        if not batches:
+            return {}
         step = self._policy_step(agent)
-        train_batch = {k: batch[k] for k in TRAIN_KEYS}
-        metrics = {}
-        for _ in range(agent.config.passes):
-            agent.state, metrics = step(agent.state, train_batch)
+        per_batch = []
+        for batch in batches:
+            train_batch = {k: batch[k] for k in TRAIN_KEYS}
+            metrics = {}
+            for _ in range(agent.config.passes):
+                agent.state, metrics = step(agent.state, train_batch)
+            per_batch.append(metrics)
         agent.publish()
-        return {f"{agent.name}/train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        per_batch = jax.device_get(per_batch)
+        out = {}
+        for k in per_batch[-1]:
+            values = [float(m[k]) for m in per_batch]
+            if k.endswith("_min"):
+                out[k] = min(values)
+            elif k.endswith("_max"):
+                out[k] = max(values)
+            elif k == "tokens":
+                out[k] = sum(values)
+            else:
+                out[k] = values[0] if len(values) == 1 else float(np.mean(values))
+        return {f"{agent.name}/train/{k}": v for k, v in out.items()}
 
     def rl_step(self) -> dict:
         cfg = self.config
@@ -253,7 +329,7 @@ class Trainer:
         t1 = time.perf_counter()
 
         inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, self._top_tools(),
-                                       self._sub_tools())
+                                       self._sub_tools(), self.engine.grammar)
         main_r = rewards.main_rewards(inputs, tuple(cfg.rewards.alpha))
         adv_kw = dict(scale=cfg.advantages.scale, baseline=cfg.advantages.baseline, eps=cfg.advantages.eps)
         main_adv = np.asarray(main_advantages(main_r, **adv_kw))
@@ -267,9 +343,10 @@ class Trainer:
         top_agent = self.agents[self.top_name]
         top_len = batches.bucket_length([len(e.tokens) for row in rollout.top for e in row],
                                         top_agent.config.context_tokens)
-        top_rows = batches.top_batch(rollout.top, main_adv, top_len, self.tokenizer.pad_id)
+        top_rows = batches.top_batch(rollout.top, main_adv, top_len, self.tokenizer.pad_id,
+                                     temperature=cfg.rollout.temperature)
 
-        sub_rows = None
+        sub_rows = []
         if self.top_name == MAIN:
             # The main side publishes its rewards; the sub side reads them back (the decoupled data path).
             writer = self.store.step_writer(self.step, MAIN, int(top_agent.state.step))
@@ -288,7 +365,7 @@ class Trainer:
         t2 = time.perf_counter()
         metrics.update(self._train(top_agent, top_rows))
         sub_agent = self.agents.get(SUB)
-        if sub_rows is not None and sub_agent is not None and sub_agent.trainable:
+        if sub_rows and sub_agent is not None and sub_agent.trainable:
             metrics.update(self._train(sub_agent, sub_rows))
         timings["training_s"] = time.perf_counter() - t2
         timings["step_s"] = time.perf_counter() - t0
@@ -302,68 +379,56 @@ class Trainer:
         self.store.gc(keep_last=4)
         return metrics
 
-    def _sub_side(self, rollout, inputs, main_correct, counts, adv_kw) -> tuple[dict, dict | None]:
-        """The sub-agent's rewards, alignment and advantages: (metrics, its train batch or None)."""
+    def _sub_side(self, rollout, inputs, main_correct, counts, adv_kw, versions=None) -> tuple[dict, list[dict]]:
+        """The sub-agent's rewards, alignment and advantages: (metrics, its train batches: none, the aligned
+        Q*K*D rows, or in `mgrpo_unsync` the FIFO chunks popped this step). `versions`: the sub policy version
+        that sampled each (query, rollout, invocation) (default: the current one, as in the colocated run)."""
         cfg = self.config
         d = cfg.rollout.d_max
         out = {}
         hist = d_histogram(counts, max_bin=max(d * 2, 1))
         out.update({f"d_k/hist/{i}": int(c) for i, c in enumerate(hist)})
-        if counts.max() == 0:
+        if counts.max() > 0:  # `sub/reward` over the aligned slots, in every two-agent mode
+            index, weight = align(counts, d, jax.random.key(_seed(cfg.seed, "align", self.step)),
+                                  mode=cfg.rollout.align_mode)
+            index, weight = np.asarray(index), np.asarray(weight)
+            sub_r = rewards.aligned_sub_rewards(inputs, main_correct, index, weight, tuple(cfg.rewards.beta))
+            valid = weight > 0
+            out["sub/reward"] = float(sub_r[valid].mean()) if valid.any() else 0.0
+            out["sub/expert"] = float(np.mean([x for q in inputs.sub_expert for k in q for x in k] or [0.0]))
+            out["sub/format_ok"] = float(np.mean([x for q in inputs.sub_format_ok for k in q for x in k] or [0.0]))
+        else:
             out["sub/reward"] = 0.0
-            return out, None
-        index, weight = align(counts, d, jax.random.key(_seed(cfg.seed, "align", self.step)),
-                              mode=cfg.rollout.align_mode)
-        index, weight = np.asarray(index), np.asarray(weight)
-        sub_r = rewards.aligned_sub_rewards(inputs, main_correct, index, weight, tuple(cfg.rewards.beta))
-        valid = weight > 0
-        out["sub/reward"] = float(sub_r[valid].mean()) if valid.any() else 0.0
-        out["sub/expert"] = float(np.mean([x for q in inputs.sub_expert for k in q for x in k] or [0.0]))
-        out["sub/format_ok"] = float(np.mean([x for q in inputs.sub_format_ok for k in q for x in k] or [0.0]))
-        if cfg.mode == "mgrpo_unsync":
-            return out, self._unsync_rows(rollout, index, weight, sub_r, adv_kw, out)
+        if cfg.mode == "mgrpo_unsync":  # pops the chunks waiting even when this step delegated nothing
+            return out, self._unsync_rows(rollout, inputs, main_correct, adv_kw, out, versions)
+        if counts.max() == 0:
+            return out, []
         seq_len = batches.bucket_length([len(s.tokens) for row in rollout.top for e in row for s in e.subs],
                                         self.agents[SUB].config.context_tokens)
         sub_adv = np.asarray(sub_advantages(sub_r, weight, **adv_kw))
         out["sub/zero_std_groups"] = float(np.asarray(degenerate_groups(
             sub_r.reshape(sub_r.shape[0], -1), weight.reshape(weight.shape[0], -1))).sum())
-        return out, batches.sub_batch(rollout.top, index, weight, sub_adv, seq_len, self.tokenizer.pad_id)
+        return out, [batches.sub_batch(rollout.top, index, weight, sub_adv, seq_len, self.tokenizer.pad_id,
+                                       temperature=cfg.rollout.temperature)]
 
-    def _unsync_rows(self, rollout, index, weight, sub_r, adv_kw, out):
-        """mgrpo_unsync: push this step's real sub-trajectories to the FIFO, train on the oldest chunk."""
-        from mgrpo_jax.store import Record
+    def _unsync_rows(self, rollout, inputs, main_correct, adv_kw, out, versions=None) -> list[dict]:
+        """mgrpo_unsync: push every real sub-trajectory of this step (no alignment) to the FIFO in a seeded
+        random order, pop every full `unsync_chunk` waiting, z-score each chunk's arrival groups of
+        `rollout.samples` records (mgrpo_jax/train/unsync.py says why). Returns the chunks' batches, oldest
+        first; logs `sub/staleness`, `sub/fifo_backlog` and the push / pop counts into `out`."""
+        from mgrpo_jax.train import unsync
 
-        version = int(self.agents[SUB].state.step)
-        records = []
-        for qi, row in enumerate(rollout.top):
-            for ki, episode in enumerate(row):
-                for j in range(index.shape[2]):
-                    if weight[qi, ki, j] > 0 and j < len(episode.subs) and index[qi, ki, j] == j:
-                        sub = episode.subs[j]
-                        records.append(Record("sub_trajectory", self.step, qi, ki, j, version, {
-                            "tokens": sub.tokens, "loss_mask": sub.loss_mask, "old_logprobs": sub.logprobs,
-                            "reward": float(sub_r[qi, ki, j])}))
-        self._fifo.append(records)
-        chunk = self.config.rollout.unsync_chunk
-        if self._fifo_consumer.offset + chunk > self._fifo.size():
-            return None
-        popped = self._fifo_consumer.pop(chunk, timeout_s=5)
-        group = self.config.rollout.samples
-        rewards_chunk = np.asarray([r.payload["reward"] for r in popped], np.float32)
-        usable = (len(popped) // group) * group
-        adv = np.zeros(len(popped), np.float32)
-        adv[:usable] = np.asarray(group_advantages(rewards_chunk[:usable].reshape(-1, group),
-                                                   np.ones((usable // group, group), np.float32), **adv_kw)).reshape(-1)
-        out["sub/staleness"] = float(np.mean([version - r.policy_version for r in popped]))
-        examples = [(r.payload["tokens"], r.payload["loss_mask"]) for r in popped]
-        seq_len = batches.bucket_length([len(ids) for ids, _ in examples], self.agents[SUB].config.context_tokens)
-        rows = batches.sft_rows(examples, seq_len, self.tokenizer.pad_id)
-        rows["old_logprobs"] = np.zeros_like(rows["loss_mask"])
-        for i, r in enumerate(popped):
-            n = min(len(r.payload["old_logprobs"]), seq_len)
-            rows["old_logprobs"][i, :n] = r.payload["old_logprobs"][:n]
-        rows["advantages"] = adv
-        return rows
+        cfg = self.config
+        agent = self.agents[SUB]
+        version = int(agent.state.step)
+        records = unsync.step_records(rollout, inputs, main_correct, tuple(cfg.rewards.beta), self.step,
+                                      version if versions is None else versions, cfg.rollout.temperature)
+        chunks, metrics = unsync.unsync_step(
+            self._fifo, self._fifo_consumer, records, chunk=cfg.rollout.unsync_chunk, group=cfg.rollout.samples,
+            seed=_seed(cfg.seed, "unsync", self.step), start_version=version, passes=agent.config.passes,
+            seq_len_limit=agent.config.context_tokens, pad_id=self.tokenizer.pad_id, adv_kw=adv_kw)
+        out.update(metrics)
+        return chunks
 
     # -- evaluation -------------------------------------------------------------------------------------
 
@@ -386,6 +451,9 @@ class Trainer:
         cfg = self.config.train
         out = {}
         for name, (questions, scorer) in self.evaluation_sets().items():
+            if not questions:  # a world too small to draw this set
+                log.warning("evaluation set %s is empty; skipped", name)
+                continue
             result = self.engine.run(questions, cfg.eval_runs, seed=_seed(self.config.seed, "eval", self.step, name))
             correct = [
                 float(e.answer is not None and scorer(e.answer, questions[e.question_index].answer))

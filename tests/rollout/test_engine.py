@@ -59,8 +59,8 @@ def sub_policy(text):
 
 
 def _engine(tokenizer, main=main_policy, sub=sub_policy, **limits):
-    search = lambda args: f"results for {args['query']}"  # noqa: E731
-    top = AgentRuntime("main", ScriptedSampler(tokenizer, main), "main system", {"reason": lambda a: "7"},
+    search = lambda args, session=None: f"results for {args['query']}"  # noqa: E731
+    top = AgentRuntime("main", ScriptedSampler(tokenizer, main), "main system", {"reason": lambda a, session=None: "7"},
                        can_delegate=True, max_turns=limits.pop("max_turns", 8), context_tokens=4096)
     sub_rt = AgentRuntime("sub", ScriptedSampler(tokenizer, sub), "sub system", {"search": search}, max_turns=4,
                           context_tokens=4096)

@@ -1,0 +1,147 @@
+"""The unsynchronised ablation (`mode = "mgrpo_unsync"`, DESIGN.md section 2): the sub-agent trains from a
+FIFO of its trajectories, grouped by arrival rather than by query, as the authors' released code does.
+
+One function, `unsync_step`, is the whole sub-agent side of an RL step in this mode; the colocated trainer
+(`Trainer._unsync_rows`) and the decoupled sub job (`SubRole`, through the same method) both call it.
+
+**Push.** Every real sub-trajectory of the step goes to the FIFO once: each (query, rollout, invocation)
+with its own R_S, no alignment (no duplicates for d_k < D, nothing dropped for d_k > D: alignment is the
+synchronised mode's device). Before `Fifo.append` the step's records are put in a seeded random order
+(`arrival_order`), standing in for the order in which asynchronous workers finish them; without it they
+would arrive query by query and the arrival groups below would still be query groups.
+
+**Pop: fixed chunks, as many as are waiting.** The sub's train step is compiled for a fixed row count,
+`rollout.unsync_chunk` (`system.batch_rows`), so a pop is always one chunk of that many records, and every
+RL step pops *every* full chunk waiting (`floor(backlog / chunk)`) and runs one update (times `passes`) on
+each, oldest first. Over any run the records popped equal the records pushed up to a residual below one
+chunk: the backlog after a step is always `< chunk`, however the push counts vary (d_k changes from step to
+step), so the sub-agent never falls ever further behind and staleness stays bounded. This is the released
+code's rule too (train whenever a full batch is buffered). The alternatives were worse: a chunk count from a
+running mean of pushes lags behind any trend in d_k and lets the backlog drift; an adaptive chunk padded
+with weight-0 rows to the compiled size spends compute on padding and changes the update's batch size from
+step to step.
+
+**Groups by arrival.** Consecutive `group` (= `rollout.samples`) records of a chunk form one z-score group,
+without regard to query (`arrival_advantages`); a trailing group shorter than `group` (a chunk that is not a
+multiple of it) is scored over its own members, so no record is wasted.
+
+**Staleness.** `sub/staleness` is the mean over the popped records of (the sub policy's version when the
+record's chunk is trained) - (the version that sampled it); chunk i of a step is trained at version
+`start_version + i * passes` (every train-step call advances the version by one). `sub/fifo_backlog` is
+the number of records left waiting after the step's pops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mgrpo_jax.core import group_advantages
+from mgrpo_jax.rollout import batches, rewards
+from mgrpo_jax.store import Record
+
+RECORD_KIND = "sub_trajectory"
+
+
+def step_records(rollout, inputs, main_correct, beta, step: int, versions, temperature: float) -> list[Record]:
+    """Every real sub-trajectory of the step as a FIFO record, in (query, rollout, invocation) order.
+
+    `inputs` are the step's `rewards.RewardInputs`, `main_correct` [Q, K] the main agent's correctness, `beta`
+    the sub reward weights. `versions` is the sub policy version that sampled each trajectory: one int for
+    all, or a mapping (query, rollout, invocation) -> version. Payload: tokens, loss_mask, old_logprobs,
+    temperature, reward.
+    """
+    counts = rollout.sub_counts()
+    d = int(counts.max(initial=0))
+    if d == 0:
+        return []
+    index = np.broadcast_to(np.arange(d, dtype=np.int32), counts.shape + (d,))  # identity: every call once
+    weight = (index < counts[..., None]).astype(np.float32)
+    sub_r = rewards.aligned_sub_rewards(inputs, main_correct, index, weight, beta)
+    out = []
+    for qi, row in enumerate(rollout.top):
+        for ki, episode in enumerate(row):
+            for j, sub in enumerate(episode.subs):
+                version = versions if isinstance(versions, int | np.integer) else versions[(qi, ki, j)]
+                out.append(Record(RECORD_KIND, int(step), qi, ki, j, int(version), {
+                    "tokens": list(sub.tokens), "loss_mask": list(sub.loss_mask),
+                    "old_logprobs": list(sub.logprobs), "temperature": float(temperature),
+                    "reward": float(sub_r[qi, ki, j])}))
+    return out
+
+
+def arrival_order(n: int, seed: int) -> np.ndarray:
+    """The seeded random order in which a step's `n` records enter the FIFO (a permutation of range(n))."""
+    return np.random.default_rng(seed).permutation(n)
+
+
+def push(fifo, records: Sequence[Record], seed: int) -> int:
+    """Appends the step's records to the FIFO in `arrival_order`; returns how many were new."""
+    return fifo.append([records[i] for i in arrival_order(len(records), seed)])
+
+
+def chunks_to_pop(backlog: int, chunk: int) -> int:
+    """Full chunks to pop now: every one waiting (keeps the backlog below one chunk)."""
+    if chunk < 1:
+        raise ValueError(f"unsync_chunk must be >= 1, got {chunk}")
+    return max(int(backlog), 0) // int(chunk)
+
+
+def pop_chunks(consumer, chunk: int, timeout_s: float = 5.0) -> tuple[list[list[Record]], int]:
+    """Pops every full chunk waiting in one store transaction; returns (chunks oldest first, backlog left)."""
+    backlog = consumer.backlog()
+    n = chunks_to_pop(backlog, chunk)
+    if n == 0:
+        return [], backlog
+    popped = consumer.pop(n * chunk, timeout_s=timeout_s)
+    return [popped[i * chunk:(i + 1) * chunk] for i in range(n)], backlog - n * chunk
+
+
+def arrival_advantages(rewards_, group: int, **adv_kw) -> np.ndarray:
+    """Advantages of records in arrival order: consecutive runs of `group` records are z-scored together
+    (`core.group_advantages` with `adv_kw`); a shorter trailing run is scored over its own members."""
+    r = np.asarray(rewards_, np.float32).reshape(-1)
+    n = r.size
+    if n == 0:
+        return np.zeros(0, np.float32)
+    group = int(group)
+    if group < 1:
+        raise ValueError(f"group size must be >= 1, got {group}")
+    groups = -(-n // group)
+    padded = np.zeros(groups * group, np.float32)
+    padded[:n] = r
+    valid = (np.arange(groups * group) < n).astype(np.float32)
+    adv = group_advantages(padded.reshape(groups, group), valid.reshape(groups, group), **adv_kw)
+    return np.asarray(adv).reshape(-1)[:n].astype(np.float32)
+
+
+def staleness(chunks: Sequence[Sequence[Record]], start_version: int, passes: int = 1) -> float:
+    """Mean policy-version gap of the popped records: chunk i is trained at `start_version + i * passes`."""
+    gaps = [start_version + i * passes - r.policy_version for i, chunk in enumerate(chunks) for r in chunk]
+    return float(np.mean(gaps)) if gaps else 0.0
+
+
+def unsync_step(fifo, consumer, records: Sequence[Record], *, chunk: int, group: int, seed: int,
+                start_version: int, passes: int, seq_len_limit: int, pad_id: int, adv_kw: dict,
+                timeout_s: float = 5.0) -> tuple[list[dict], dict]:
+    """Push the step's records (shuffled), pop every full chunk, score each chunk's arrival groups.
+
+    Returns (one policy batch per chunk, oldest first, each with `chunk` rows and a `temperature` column;
+    metrics: `sub/fifo_pushed`, `sub/fifo_popped`, `sub/fifo_backlog`, `sub/unsync_chunks`, and
+    `sub/staleness` when something was popped).
+    """
+    pushed = push(fifo, records, seed)
+    chunks, backlog = pop_chunks(consumer, chunk, timeout_s)
+    metrics = {"sub/fifo_pushed": float(pushed), "sub/fifo_popped": float(sum(len(c) for c in chunks)),
+               "sub/fifo_backlog": float(backlog), "sub/unsync_chunks": float(len(chunks))}
+    if not chunks:
+        return [], metrics
+    metrics["sub/staleness"] = staleness(chunks, start_version, passes)
+    out = []
+    for popped in chunks:
+        payloads = [r.payload for r in popped]
+        adv = arrival_advantages([p["reward"] for p in payloads], group, **adv_kw)
+        seq_len = batches.bucket_length([len(p["tokens"]) for p in payloads], seq_len_limit)
+        out.append(batches.record_rows(payloads, adv, seq_len, pad_id))
+    return out, metrics
