@@ -202,7 +202,11 @@ def _compact(c) -> None:
     for agent in (c.main, c.sub, c.single):
         agent.model_overrides = ml_collections.ConfigDict({"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
                                                           "head_dim": 16, "mlp_dim": 256})
-        agent.optim.lr = 5e-4
+        # RL: a slow second-moment average (b2 0.999) keeps Adam from turning the near-zero gradients of tokens
+        # the clone already predicts into full-size noisy steps; at lr 2e-3 (b2 0.98, 4 passes) the clone's
+        # copying broke down within 10 steps (README, "The compact miniature").
+        agent.optim.lr = 3e-4
+        agent.optim.b2 = 0.999
         agent.sft.lr = 3e-3
         agent.passes = 2
     # Noise-free experts finish every question within these (tests/env/test_compact.py replays them): the main
@@ -212,7 +216,7 @@ def _compact(c) -> None:
     c.single.context_tokens, c.single.max_turns = 128, 10
     c.rollout.queries = 16
     c.rollout.samples = 8
-    c.rollout.d_max = 4
+    c.rollout.d_max = 4  # the 99th percentile of the stage-2 experts' d_k (bench.env: 2-4 calls)
     c.rollout.max_turn_tokens = 8  # the longest compact turn, `[calc max 31 17 ]`, is 6 tokens with its end
     c.rollout.max_sub_calls = 6
     c.rollout.temperature = 1.0
@@ -229,6 +233,7 @@ def _compact(c) -> None:
 def _local(c) -> None:
     """The README's laptop run: the compact system, warm start until the format is kept, then RL; ~10 minutes."""
     _compact(c)
+    c.rollout.d_max = 2  # stage 1 (1-hop lookups, one re-ask at most): d_k is 1 or 2
     c.train.steps = 40
     c.train.eval_every = 20
     c.train.eval_runs = 1
@@ -240,12 +245,12 @@ def _figures(c) -> None:
     """The paper's figures in miniature (experiments/figures/): the compact system, stage 1 then stage 2 from one
     stage-1 checkpoint, avg@3 evaluations on the three held-out sets."""
     _compact(c)
-    c.train.steps = 20
-    c.train.eval_every = 10
+    c.train.steps = 16
+    c.train.eval_every = 8
     c.train.eval_runs = 3  # avg@3, as in the paper
     c.train.eval_questions = 40
     c.train.eval_at_start = True
-    c.train.checkpoint_every = 10
+    c.train.checkpoint_every = 8
     c.env.stage2_filter_pool = 256
     c.env.stage2_filter_samples = 4
 

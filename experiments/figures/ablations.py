@@ -49,7 +49,7 @@ def dmax_labels() -> dict:
 
 def spec(figure: str) -> dict:
     """{"arms": {label: run names}, "keys": [(metric, title)], "pairs": [(label a, label b, metric)], ...}."""
-    default = runs.stage2("mgrpo")
+    default = runs.stage2("mgrpo")[: runs.N_ABLATION_SEEDS]  # the ablations' own seeds
     if figure == "ablation_align":
         return {"arms": {"duplicate": default, "mask": runs.ablation("align_mask")},
                 "keys": [("main/reward", "main agent reward"), ("sub/reward", "sub-agent reward R_S")],
