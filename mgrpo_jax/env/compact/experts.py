@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, render_answer, render_call
 from mgrpo_jax.env.compact.questions import NUMBER_FACTS
 from mgrpo_jax.env.compact.world import FACTS, CompactWorld, unit_hash
-from mgrpo_jax.env.experts import Episode, Transcript
+from mgrpo_jax.env.experts import Episode, Transcript, success_rates
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB, SYSTEM, TOOL, USER, Message
 from mgrpo_jax.env.questions import COMPARE, REASON_STEP, Question
 
@@ -194,10 +194,6 @@ class CompactExperts:
         return Episode(agent, tuple(messages), final)
 
 
-def compact_success(experts: CompactExperts, questions: Sequence[Question]) -> dict[str, float]:
-    """The share of `questions` each expert answers correctly: {"multi": …, "single": …}."""
-    if not questions:
-        return {"multi": 0.0, "single": 0.0}
-    multi = sum(experts.main_agent(q).correct for q in questions)
-    single = sum(experts.single_agent(q).correct for q in questions)
-    return {"multi": multi / len(questions), "single": single / len(questions)}
+# The share of questions each expert answers correctly, {"multi": …, "single": …}: the chat world's function
+# serves any experts with `main_agent` / `single_agent`.
+compact_success = success_rates
