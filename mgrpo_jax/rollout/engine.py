@@ -165,7 +165,6 @@ class RolloutEngine:
             prompts.append(episode.tokens + self._assistant_prefix)
             budgets.append(min(limits.max_turn_tokens, room))
             active.append(episode)
-            episode.temperature = temperature
         if not active:
             return []
         start = time.perf_counter()

@@ -42,7 +42,6 @@ class Episode:
     subs: list[Episode] = field(default_factory=list)  # main episodes: delegations in call order
     waiting_on: Episode | None = None  # main episodes: the delegation being served
     tool_session: dict = field(default_factory=dict, repr=False)  # the episode's tools' scratch space
-    temperature: float = 1.0  # the sampling temperature of its turns (the train step's log-probs use it too)
 
     @property
     def done(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mgrpo_jax.env.compact.experts import CompactExperts, CompactJudge, CompactNoise, compact_success
-from mgrpo_jax.env.compact.grammar import CLOSE, COMPACT, OPEN_TAGS, QUESTION, RESULT
+from mgrpo_jax.env.compact.grammar import CLOSE, OPEN_TAGS, QUESTION, RESULT
 from mgrpo_jax.env.compact.questions import generate_compact_questions
 from mgrpo_jax.env.compact.world import (
     ROLE_WORDS,
@@ -31,7 +31,6 @@ class CompactEnvironment:
     world: CompactWorld
     questions: QuestionSets
     judge: CompactJudge
-    grammar = COMPACT
 
     def experts(self, noise: CompactNoise | None = None) -> CompactExperts:
         return CompactExperts(self.world, noise)

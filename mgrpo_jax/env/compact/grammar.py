@@ -46,7 +46,6 @@ ERROR = "error"  # a tool's answer to a call it cannot serve
 _CALLS = {ASK: ("delegate", "task", 2), CALC: ("reason", "problem", 3), SEARCH: ("search", "query", 2),
           OPEN: ("visit", "url", 1)}
 _TAG_OF = {tool: tag for tag, (tool, _, _) in _CALLS.items()}
-_ARGUMENT_OF = {tool: argument for tool, argument, _ in _CALLS.values()}
 
 
 def render_call(tool: str, *words: str) -> str:
@@ -61,11 +60,6 @@ def render_answer(word: str) -> str:
     if not _plain(word):
         raise ValueError(f"an answer is one plain word, got {word!r}")
     return f"{ANSWER} {word} {CLOSE}"
-
-
-def call_words(call: ToolCall) -> list[str]:
-    """The argument words of a parsed compact call."""
-    return str(call.arguments.get(_ARGUMENT_OF[call.name], "")).split()
 
 
 def _plain(word: str) -> bool:
