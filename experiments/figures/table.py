@@ -62,13 +62,18 @@ def render(results_dir: str | None = None) -> str:
     lines = ["| figure | paper's claim | here: mean ± std over seeds of each seed's last-window mean | "
              "difference [bootstrap 95 % CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
     missing = []
-    for figure, name in CLAIM_FIGURES:
-        results = load(figure, results_dir)
-        if results is None or "claims" not in results:
-            missing.append(figure)
-            continue
-        link = f"[{name}](experiments/figures/{figure}.png)"
-        lines += [row(link, entry) for entry in results["claims"]]
+
+    def rows(figures, key: str, bold: bool) -> list[str]:
+        out = []
+        for figure, name in figures:
+            results = load(figure, results_dir)
+            if results is None or key not in results:
+                missing.append(figure)
+                continue
+            out += [row(f"[{name}](experiments/figures/{figure}.png)", entry, bold=bold) for entry in results[key]]
+        return out
+
+    lines += rows(CLAIM_FIGURES, "claims", bold=True)
     dk = load("dk_histogram", results_dir)
     if dk is not None:
         lines += ["", f"d_k ([histogram](experiments/figures/dk_histogram.png)): 99th percentile {dk['p99']} over "
@@ -76,13 +81,7 @@ def render(results_dir: str | None = None) -> str:
                   f"open-ended), mean {dk['mean']:.2f}."]
     lines += ["", "| ablation | comparison | here: mean ± std over seeds of each seed's last-window mean | "
               "difference [bootstrap 95 % CI] | seeds | higher |", "|---|---|---|---|---|---|"]
-    for figure, name in ABLATION_FIGURES:
-        results = load(figure, results_dir)
-        if results is None or "comparisons" not in results:
-            missing.append(figure)
-            continue
-        link = f"[{name}](experiments/figures/{figure}.png)"
-        lines += [row(link, entry, bold=False) for entry in results["comparisons"]]
+    lines += rows(ABLATION_FIGURES, "comparisons", bold=False)
     if missing:
         lines += ["", f"No results yet for: {', '.join(missing)}."]
     return "\n".join(lines) + "\n"
