@@ -1,6 +1,15 @@
-"""Pure, jittable M-GRPO kernels: rewards, alignment, advantages and policy losses (no I/O, no state)."""
+"""Pure, jittable M-GRPO kernels: rewards, alignment, advantages, policy losses, and `mgrpo_targets`, which
+chains the first three into one step's targets (no I/O, no state)."""
 
-from mgrpo_jax.core.advantages import degenerate_groups, group_advantages, main_advantages, sub_advantages
+from mgrpo_jax.core.advantages import (
+    available_advantages,
+    degenerate_groups,
+    get_advantage,
+    group_advantages,
+    main_advantages,
+    register_advantage,
+    sub_advantages,
+)
 from mgrpo_jax.core.alignment import align, d_histogram, gather_aligned, suggest_d_max
 from mgrpo_jax.core.losses import (
     PolicyLossInputs,
@@ -11,10 +20,18 @@ from mgrpo_jax.core.losses import (
     ppo_clip_loss,
     register_loss,
 )
+from mgrpo_jax.core.mgrpo import RolloutArrays, Targets, TargetsConfig, mgrpo_targets
 from mgrpo_jax.core.rewards import main_reward, sub_reward
 
 __all__ = [
     "PolicyLossInputs",
+    "RolloutArrays",
+    "Targets",
+    "TargetsConfig",
+    "available_advantages",
+    "get_advantage",
+    "mgrpo_targets",
+    "register_advantage",
     "aggregate",
     "align",
     "available_losses",

@@ -15,8 +15,19 @@ Options:
   baseline="mean"           subtract the group's weighted mean;
   baseline="leave_one_out"  subtract the weighted mean of the *other* members (RLOO); a member that is
                             alone in its group gets advantage 0.
+
+Estimators are registered by name, like the losses (`config.advantages.estimator`; `mgrpo_jax.core.mgrpo`
+calls the chosen one for both levels). An estimator maps one reward matrix of groups to advantages:
+`fn(rewards [G, N], weights [G, N], **hparams) -> [G, N]`, jittable, with the hparams the config's other
+`advantages.*` fields. "grpo" is `group_advantages`, whose options cover GRPO, Dr. GRPO and RLOO. A new one:
+
+    @register_advantage("median")
+    def median_advantages(rewards, weights, eps=1e-6, **unused): ...
 """
 
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 
 SCALES = ("group", "batch", "none")
@@ -30,15 +41,23 @@ def _check_options(scale: str, baseline: str) -> None:
         raise ValueError(f"baseline={baseline!r} is not one of {BASELINES}")
 
 
+def _shifted(rewards, weights):
+    """Rewards minus each group's first valid reward: the moments do not change, and float32 keeps the small
+    differences that a sum of many nearly equal rewards would round away (e.g. 23 of 24 slots at 0.6)."""
+    first = jnp.argmax(weights > 0, axis=-1)
+    return rewards - jnp.take_along_axis(rewards, first[:, None], axis=-1)
+
+
 def group_moments(rewards, weights):
     """Weighted count, mean and population std of each row of `rewards` [G, N]."""
     rewards = jnp.asarray(rewards, jnp.float32)
     weights = jnp.asarray(weights, jnp.float32)
+    shifted = _shifted(rewards, weights)
     count = weights.sum(-1)
     safe_count = jnp.maximum(count, 1e-12)
-    mean = (weights * rewards).sum(-1) / safe_count
-    var = (weights * jnp.square(rewards - mean[:, None])).sum(-1) / safe_count
-    return count, mean, jnp.sqrt(var)
+    shifted_mean = (weights * shifted).sum(-1) / safe_count
+    var = (weights * jnp.square(shifted - shifted_mean[:, None])).sum(-1) / safe_count
+    return count, (rewards - shifted).mean(-1) + shifted_mean, jnp.sqrt(var)
 
 
 def degenerate_groups(rewards, weights, eps: float = 1e-6):
@@ -55,7 +74,8 @@ def group_advantages(rewards, weights, *, scale="group", baseline="mean", eps=1e
     valid = weights > 0
     count, mean, std = group_moments(rewards, weights)
     if baseline == "mean":
-        centred = rewards - mean[:, None]
+        shifted = _shifted(rewards, weights)
+        centred = shifted - (weights * shifted).sum(-1, keepdims=True) / jnp.maximum(count, 1e-12)[:, None]
     else:
         others = count[:, None] - weights
         others_sum = (weights * rewards).sum(-1, keepdims=True) - weights * rewards
@@ -71,23 +91,51 @@ def group_advantages(rewards, weights, *, scale="group", baseline="mean", eps=1e
     return jnp.where(keep, centred, 0.0)
 
 
-def main_advantages(rewards, valid=None, *, scale="group", baseline="mean", eps=1e-6):
-    """Main-agent advantages: z-score of R_M over the K rollouts of each query. [Q, K] -> [Q, K]."""
+def main_advantages(rewards, valid=None, *, estimator: str = "grpo", **hparams):
+    """Main-agent advantages: each query's K rollouts form one group (z-scored under "grpo"). [Q, K] -> [Q, K]."""
     rewards = jnp.asarray(rewards, jnp.float32)
     if rewards.ndim != 2:
         raise ValueError(f"main rewards must be [Q, K], got shape {rewards.shape}")
     weights = jnp.ones_like(rewards) if valid is None else jnp.asarray(valid, jnp.float32)
-    return group_advantages(rewards, weights, scale=scale, baseline=baseline, eps=eps)
+    return get_advantage(estimator)(rewards, weights, **hparams)
 
 
-def sub_advantages(rewards, weights, *, scale="group", baseline="mean", eps=1e-6):
+def sub_advantages(rewards, weights, *, estimator: str = "grpo", **hparams):
     """Sub-agent advantages pooled per query over the K*D aligned slots. [Q, K, D] -> [Q, K, D]."""
     rewards = jnp.asarray(rewards, jnp.float32)
     if rewards.ndim != 3:
         raise ValueError(f"sub rewards must be aligned [Q, K, D], got shape {rewards.shape}")
     weights = jnp.broadcast_to(jnp.asarray(weights, jnp.float32), rewards.shape)
     q, k, d = rewards.shape
-    flat = group_advantages(
-        rewards.reshape(q, k * d), weights.reshape(q, k * d), scale=scale, baseline=baseline, eps=eps
-    )
+    flat = get_advantage(estimator)(rewards.reshape(q, k * d), weights.reshape(q, k * d), **hparams)
     return flat.reshape(q, k, d)
+
+AdvantageFn = Callable[..., jax.Array]
+_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_advantage(name: str, *, overwrite: bool = False):
+    """Decorator registering `fn(rewards [G, N], weights [G, N], **hparams) -> advantages [G, N]` under `name`."""
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        if name in _ESTIMATORS and not overwrite and _ESTIMATORS[name] is not fn:
+            raise ValueError(f"an advantage estimator named {name!r} is already registered; pass overwrite=True")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        known = ", ".join(available_advantages())
+        raise KeyError(f"unknown advantage estimator {name!r}; registered: {known}") from None
+
+
+def available_advantages() -> list[str]:
+    return sorted(_ESTIMATORS)
+
+
+register_advantage("grpo")(group_advantages)
