@@ -6,12 +6,15 @@ Run (the preset after the colon, optionally a mode after a comma):
     python launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub --workdir=runs/xbench-frozen
     python launch/tpu_run.py --config=experiments/xbench.py:paper --workdir=gs://BUCKET/runs/xbench
 
-With no argument the preset is `local` on a machine without accelerators and `paper` on a TPU.
+With no argument the preset is `local` on a machine without accelerators and `paper` on a TPU. The presets are
+in experiments/presets.py; one for this benchmark only goes into the table below.
 """
 
-from mgrpo_jax.config import default_preset
-from mgrpo_jax.config import get_config as _get_config
+from experiments import presets
+
+# name -> a function editing the defaults (mgrpo_jax.config.base_config) in place.
+PRESETS = {"smoke": presets.smoke, "local": presets.local, "figures": presets.figures, "paper": presets.paper}
 
 
 def get_config(arg: str | None = None):
-    return _get_config("xbench", arg or default_preset())
+    return presets.resolve("xbench", PRESETS, arg)

@@ -15,7 +15,14 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/xbench.py", "Experiment config file[:preset].")
+from mgrpo_jax.config import BENCHMARKS, MODES, PRESETS  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/xbench.py",
+    f"Experiment config file[:preset[,mode]], e.g. experiments/xbench.py:local,frozen_sub. Files: "
+    f"{', '.join(f'experiments/{b}.py' for b in BENCHMARKS)}. Presets: {', '.join(PRESETS)} (default: local "
+    f"without accelerators, paper on TPU; experiments/presets.py). Modes: {', '.join(MODES)} (default: "
+    f"{MODES[0]}). Override any field with --config.FIELD=VALUE, e.g. --config.main.loss=gspo.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, logs and plots go here; a run resumes from it.")
 _ROLE = flags.DEFINE_enum("role", "colocated", ["colocated", "main", "sub"],
                           "colocated: both agents in this job. main / sub: one side of the decoupled mode.")

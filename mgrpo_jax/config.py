@@ -1,20 +1,28 @@
-"""The run configuration: one ml_collections ConfigDict, presets by name.
+"""The run configuration: one ml_collections ConfigDict. This module holds the defaults and the checks.
 
-Experiment files (`experiments/xbench.py`, `gaia.py`, `webwalker.py`) call `get_config(benchmark, preset)`
-and are what users pass to `launch/tpu_run.py --config=experiments/xbench.py:local`. Presets:
+  base_config(benchmark)   the defaults, every field with its meaning;
+  validate(config, role)   every check the config alone allows (names, sizes, micro-batch splits, the decoupled
+                           roles' needs), reported together in one ValueError; `mgrpo_jax.train.launch.run` calls
+                           it before building anything;
+  get_config(benchmark, preset)  the config of `experiments/<benchmark>.py` for "preset[,mode]".
 
-  smoke  the whole pipeline (warm start, RL steps of both agents, eval, checkpoint) in under a minute;
-         used by the tests.
-  local  runs on a laptop CPU: the compact world (env.grammar=compact), warm start until the agents keep the
-         format, then RL, in about 10 minutes on 2 cores.
-  figures the compact system for experiments/figures (stage 1, stage 2, avg@3 evaluations).
-  paper  the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models,
-         for a TPU pod slice.
+The presets live with the experiments, big_vision style: `experiments/presets.py` holds the ones every benchmark
+shares (smoke, local, figures, paper: `PRESETS`) and each experiment file (`experiments/xbench.py`, `gaia.py`,
+`webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users pass to
+`launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
+path, for package code, tests and scripts.
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (see DESIGN.md section 2).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import numbers
+import os
+import sys
 
 import ml_collections
 
@@ -29,13 +37,16 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.model_overrides = ml_collections.ConfigDict()
     agent.init_from = ""  # a Hugging Face checkpoint directory (safetensors + config.json), optional
     agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # -1: the rest
+    # How parameters and activations map onto the mesh axes: a rule set of mgrpo_jax.model.sharding.RULE_SETS
+    # (default: FSDP over `fsdp` plus tensor parallelism over `tensor`).
+    agent.sharding_rules = "default"
     agent.context_tokens = context_tokens  # episode budget; also the train step's sequence length
     agent.max_turns = max_turns
     agent.micro_batches = 1
     agent.decode_phases = 1  # the sampler's decode loop in this many phases over growing caches (sampling)
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
-    agent.loss = "grpo"
+    agent.loss = "grpo"  # a name registered in mgrpo_jax.core.losses (register_loss)
     agent.loss_hparams = ml_collections.ConfigDict(
         {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "seq-mean-token-mean", "ratio_level": "token",
          "kl_coef": 0.0})
@@ -111,6 +122,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
 
     c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
+    # The estimator of both levels' advantages: a name registered in mgrpo_jax.core.advantages (register_advantage);
+    # it receives the other `advantages.*` fields as keyword arguments. "grpo": group-relative (scale, baseline).
+    c.advantages.estimator = "grpo"
 
     c.warmstart = ml_collections.ConfigDict()
     c.warmstart.steps = 200  # supervised steps per agent on the scripted experts' transcripts (0: skip)
@@ -139,152 +153,10 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.decoupled.timeout_s = 3600.0  # longest wait for the other job (tokenizer, answers, commits, tasks)
     c.decoupled.max_lag = 1  # the main job starts step s once the sub job has trained step s - max_lag
     c.decoupled.worker = "sub_0"  # the sub job's name on its task claims
+    # How many RL steps of exchange data (tasks, answers, commits) the store keeps before garbage collection; at
+    # least max_lag + 1, since the main job at step s may still read what the sub job wrote at step s - max_lag.
+    c.decoupled.keep_steps = 4
     return c
-
-
-def get_config(benchmark: str = "xbench", preset: str | None = None) -> ml_collections.ConfigDict:
-    """`preset` may carry a mode after a comma, e.g. "local,frozen_sub"."""
-    preset = preset or "local"
-    name, _, mode = preset.partition(",")
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; presets are {PRESETS}")
-    c = base_config(benchmark)
-    c.preset = name
-    if mode:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
-        c.mode = mode
-    {"smoke": _smoke, "local": _local, "figures": _figures, "paper": _paper}[name](c)
-    return c
-
-
-def _small_world(c, entities: int) -> None:
-    c.env.n_entities = entities
-    c.env.background_sentences = 2
-    c.env.snippet_chars = 120
-    c.env.search_top_k = 3
-    c.env.sizes = ml_collections.ConfigDict(
-        {"stage1": 400, "stage2": 400, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})
-
-
-def _smoke(c) -> None:
-    _small_world(c, 300)
-    c.tokenizer.vocab_size = 1024
-    for agent in (c.main, c.sub, c.single):
-        agent.model_overrides = ml_collections.ConfigDict({"d_model": 32, "n_layers": 1, "mlp_dim": 64,
-                                                          "n_heads": 2, "n_kv_heads": 1, "head_dim": 16})
-        agent.context_tokens = 1024
-        agent.max_turns = 3
-    c.single.context_tokens = 1024
-    c.rollout.queries = 2
-    c.rollout.samples = 2
-    c.rollout.d_max = 2
-    c.rollout.max_turn_tokens = 48
-    c.rollout.max_sub_calls = 2
-    c.rollout.unsync_chunk = 4
-    c.warmstart.steps = 3
-    c.warmstart.batch_size = 4
-    c.warmstart.examples = 8
-    c.train.steps = 2
-    c.train.eval_every = 2
-    c.train.eval_runs = 1
-    c.train.eval_questions = 2
-    c.train.checkpoint_every = 1
-
-
-def _compact(c) -> None:
-    """The compact world, grammar and word-level tokenizer (DESIGN.md section 4), sized for a 2-core CPU: agents of
-    ~0.17M parameters, episodes of ~50 (main), ~50 (sub) and ~100 (single agent) tokens."""
-    c.env.grammar = "compact"
-    c.env.sizes = ml_collections.ConfigDict(
-        {"stage1": 600, "stage2": 600, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})
-    c.tokenizer.vocab_size = 0  # the word model's own size: the world's words, the tags and the byte pieces
-    for agent in (c.main, c.sub, c.single):
-        agent.model_overrides = ml_collections.ConfigDict({"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
-                                                          "head_dim": 16, "mlp_dim": 256})
-        # RL: a slow second-moment average (b2 0.999) keeps Adam from turning the near-zero gradients of tokens
-        # the clone already predicts into full-size noisy steps; at lr 2e-3 (b2 0.98, 4 passes) the clone's
-        # copying broke down within 10 steps (README, "The compact miniature").
-        agent.optim.lr = 3e-4
-        agent.optim.b2 = 0.999
-        agent.sft.lr = 3e-3
-        agent.passes = 2
-    # Noise-free experts finish every question within these (tests/env/test_compact.py replays them): the main
-    # agent's 3-hop chains with one re-ask each, the sub-agent's search-open-answer, the single agent's 3 lookups.
-    c.main.context_tokens, c.main.max_turns = 96, 8
-    c.sub.context_tokens, c.sub.max_turns = 64, 4
-    c.single.context_tokens, c.single.max_turns = 128, 10
-    c.rollout.queries = 16
-    c.rollout.samples = 8
-    c.rollout.d_max = 4  # the 99th percentile of the stage-2 experts' d_k (bench.env: 2-4 calls)
-    c.rollout.max_turn_tokens = 8  # the longest compact turn, `[calc max 31 17 ]`, is 6 tokens with its end
-    c.rollout.max_sub_calls = 6
-    c.rollout.temperature = 1.0
-    c.rollout.unsync_chunk = 128
-    # Greedy clones keep the format after ~100 steps but copy names and values (the content) only after ~500.
-    c.warmstart.steps = 1000
-    c.warmstart.min_steps = 500
-    c.warmstart.batch_size = 64
-    c.warmstart.examples = 2000
-    c.warmstart.check_every = 250
-    c.warmstart.format_questions = 64
-
-
-def _local(c) -> None:
-    """The README's laptop run: the compact system, warm start until the format is kept, then RL; ~10 minutes."""
-    _compact(c)
-    c.rollout.d_max = 2  # stage 1 (1-hop lookups, one re-ask at most): d_k is 1 or 2
-    c.train.steps = 40
-    c.train.eval_every = 20
-    c.train.eval_runs = 1
-    c.train.eval_questions = 40
-    c.train.checkpoint_every = 20
-
-
-def _figures(c) -> None:
-    """The paper's figures in miniature (experiments/figures/): the compact system, stage 1 then stage 2 from one
-    stage-1 checkpoint, avg@3 evaluations on the three held-out sets."""
-    _compact(c)
-    c.train.steps = 16
-    c.train.eval_every = 8
-    c.train.eval_runs = 3  # avg@3, as in the paper
-    c.train.eval_questions = 40
-    c.train.eval_at_start = True
-    c.train.checkpoint_every = 8
-    c.env.stage2_filter_pool = 256
-    c.env.stage2_filter_samples = 4
-
-
-def _paper(c) -> None:
-    c.env.n_entities = 10_000
-    c.tokenizer.vocab_size = 32_000
-    for agent in (c.main, c.sub, c.single):
-        agent.model = "qwen3-8b"
-        # Planned for v5p-128 (64 chips) by the TPU compiler (`python -m mgrpo_jax.bench.plan`, README): FSDP over
-        # 16 x 4-way tensor parallelism, one 32k-token row per row shard per micro-batch, every layer
-        # rematerialised, attention in 1024-query chunks.
-        agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 4})
-        agent.micro_batches = 8
-        agent.optim.lr = 1e-6
-        agent.optim.weight_decay = 0.1
-        agent.model_overrides = ml_collections.ConfigDict({"remat": True, "dtype": "bfloat16", "attn_chunk": 1024})
-    c.main.micro_batches = 1  # Q*K = 16 rows: one per row shard
-    c.main.context_tokens = 32_768
-    c.sub.context_tokens = 32_768
-    c.single.context_tokens = 32_768
-    c.main.max_turns = c.sub.max_turns = 20
-    c.single.max_turns = 40
-    c.rollout.queries = 2  # the released scripts' rollout batch (2 prompts x 8 samples)
-    c.rollout.samples = 8
-    c.rollout.d_max = 8
-    c.rollout.max_turn_tokens = 1024
-    c.warmstart.steps = 0
-    c.warmstart.batch_size = 128  # (no warm start by default) splits over the row shards like the RL batches
-    c.train.steps = 100_000
-    c.train.eval_every = 25
-    c.train.eval_runs = 3
-    c.train.eval_questions = 0
-    c.train.checkpoint_every = 25
 
 
 def default_preset() -> str:
@@ -292,3 +164,292 @@ def default_preset() -> str:
     import jax
 
     return "paper" if jax.default_backend() == "tpu" else "local"
+
+
+# ---- presets by name: experiments/<benchmark>.py ----
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout holding mgrpo_jax/ and experiments/
+
+
+def experiment_file(benchmark: str) -> str:
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark={benchmark!r} is not one of {BENCHMARKS}")
+    return os.path.join(REPO, "experiments", f"{benchmark}.py")
+
+
+def load_experiment(benchmark: str):
+    """`experiments/<benchmark>.py` as a fresh module, loaded by file path (as `config_flags` loads it)."""
+    path = experiment_file(benchmark)
+    if not os.path.isfile(path):
+        raise ValueError(f"benchmark={benchmark!r}: no experiment file {path}")
+    try:  # the experiment files import their shared presets as `experiments.presets`
+        importlib.util.find_spec("experiments.presets")
+    except ModuleNotFoundError:
+        sys.path.append(REPO)  # the checkout is not on the path (e.g. mgrpo_jax imported by an editable install)
+    spec = importlib.util.spec_from_file_location(f"experiments.{benchmark}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def get_config(benchmark: str = "xbench", preset: str | None = None) -> ml_collections.ConfigDict:
+    """`experiments/<benchmark>.py`'s config for `preset` (default `local`), which may carry a mode after a comma,
+    e.g. "local,frozen_sub"."""
+    return load_experiment(benchmark).get_config(preset or "local")
+
+
+# ---- validate ----
+
+STAGES = ("stage1", "stage2")
+ROLES = ("colocated", "main", "sub")
+TWO_AGENT_MODES = ("mgrpo", "frozen_sub", "mgrpo_unsync")  # the modes --role=main / --role=sub can split
+# Sections whose keys are free (model fields, loss keyword arguments, noise and tokenizer-trainer settings): their
+# keys are not compared with the defaults' (the model's are checked against ModelConfig).
+_OPEN_SECTIONS = ("model_overrides", "loss_hparams", "noise", "trainer_kwargs")
+_MISSING = object()
+
+
+def _did_you_mean(value, options) -> str:
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class _Problems:
+    """Collects the problems of one config; each names its field."""
+
+    def __init__(self, config):
+        self.config = config
+        self.found: list[str] = []
+
+    def add(self, field: str, value, message: str) -> None:
+        self.found.append(f"{field}={value!r}: {message}")
+
+    def get(self, field: str):
+        node = self.config
+        for part in field.split("."):
+            try:
+                node = node[part]
+            except (KeyError, AttributeError, TypeError):
+                self.found.append(f"{field}: missing")
+                return _MISSING
+        return node
+
+    def choice(self, field: str, options) -> None:
+        value = self.get(field)
+        if value is not _MISSING and value not in options:
+            self.add(field, value, f"not one of {', '.join(map(str, options))}{_did_you_mean(value, options)}")
+
+    def number(self, field: str, low=None, high=None, *, above=None):
+        """The value if it is a number within [low, high] (and > above); else reports it and returns None."""
+        value = self.get(field)
+        if value is _MISSING:
+            return None
+        bounds = [f">= {low}" if low is not None else "", f"> {above}" if above is not None else "",
+                  f"<= {high}" if high is not None else ""]
+        is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ok = is_number and (low is None or value >= low) and (high is None or value <= high)
+        ok = ok and (above is None or value > above)
+        if not ok:
+            kind = "must be " if is_number else "must be a number "
+            self.add(field, value, kind + " and ".join(filter(None, bounds)))
+            return None
+        return value
+
+
+def _both_sections(a, b) -> bool:
+    return isinstance(a, ml_collections.ConfigDict) and isinstance(b, ml_collections.ConfigDict)
+
+
+def _unknown_fields(problems: _Problems, config, reference, prefix: str = "") -> None:
+    """Fields of `config` the defaults do not have (a misspelling set in code adds a new field silently)."""
+    for key in config.keys():
+        if key not in reference:
+            close = difflib.get_close_matches(key, list(reference.keys()), n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
+            problems.found.append(f"{prefix + key}: unknown field{hint}")
+        elif key not in _OPEN_SECTIONS and _both_sections(config[key], reference[key]):
+            _unknown_fields(problems, config[key], reference[key], f"{prefix + key}.")
+
+
+def _check_model(p: _Problems, name: str) -> None:
+    from mgrpo_jax.model.config import PRESETS as MODEL_PRESETS
+    from mgrpo_jax.model.config import ModelConfig, get_model_config
+
+    model, overrides = p.get(f"{name}.model"), p.get(f"{name}.model_overrides")
+    if model is _MISSING or overrides is _MISSING:
+        return
+    overrides = dict(overrides.to_dict() if isinstance(overrides, ml_collections.ConfigDict) else overrides)
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in [k for k in overrides if k not in fields]:
+        p.found.append(f"{name}.model_overrides.{key}: not a field of ModelConfig{_did_you_mean(key, fields)}")
+        del overrides[key]
+    try:
+        get_model_config(model, **{"vocab_size": 256, **overrides})  # the tokenizer's vocabulary, at build time
+    except ValueError as e:
+        if "unknown model preset" in str(e):
+            p.add(f"{name}.model", model, f"unknown model preset{_did_you_mean(model, MODEL_PRESETS)}")
+        else:
+            p.add(f"{name}.model_overrides", overrides, str(e))
+    except TypeError as e:  # a field of the wrong type
+        p.add(f"{name}.model_overrides", overrides, str(e))
+
+
+def _check_agent(p: _Problems, name: str) -> None:
+    from mgrpo_jax.core.losses import AGGREGATIONS, RATIO_LEVELS, available_losses
+    from mgrpo_jax.train.optim import DECAYS
+
+    try:
+        from mgrpo_jax.model.sharding import RULE_SETS as rule_sets
+    except ImportError:  # a model package without named rule sets places everything by its default rules
+        rule_sets = ("default",)
+
+    p.choice(f"{name}.loss", available_losses())
+    p.choice(f"{name}.sharding_rules", tuple(rule_sets))
+    _check_model(p, name)
+    for field in ("context_tokens", "max_turns", "micro_batches", "decode_phases", "passes"):
+        p.number(f"{name}.{field}", 1)
+    p.number(f"{name}.warmstart_steps", 0)
+    mesh = p.get(f"{name}.mesh")
+    if mesh is not _MISSING:
+        sizes = dict(mesh.items())
+        for axis, size in sizes.items():
+            if not isinstance(size, numbers.Integral) or not (size == -1 or size >= 1):
+                p.add(f"{name}.mesh.{axis}", size, "must be a positive device count or -1 (the remaining devices)")
+        if list(sizes.values()).count(-1) > 1:
+            p.add(f"{name}.mesh", sizes, "at most one axis may be -1")
+    hparams = p.get(f"{name}.loss_hparams")
+    if hparams is not _MISSING:
+        if "aggregation" in hparams:
+            p.choice(f"{name}.loss_hparams.aggregation", AGGREGATIONS)
+        if "ratio_level" in hparams:
+            p.choice(f"{name}.loss_hparams.ratio_level", RATIO_LEVELS)
+        for key in ("eps_low", "eps_high", "kl_coef"):
+            if key in hparams:
+                p.number(f"{name}.loss_hparams.{key}", 0)
+    for optim in ("optim", "sft"):
+        p.choice(f"{name}.{optim}.decay", DECAYS)
+        p.number(f"{name}.{optim}.lr", 0)
+        p.number(f"{name}.{optim}.warmup_steps", 0)
+        p.number(f"{name}.{optim}.total_steps", 0)
+        p.number(f"{name}.{optim}.weight_decay", 0)
+        p.number(f"{name}.{optim}.grad_clip_norm", 0)
+        for beta in ("b1", "b2"):
+            value = p.number(f"{name}.{optim}.{beta}", 0)
+            if value is not None and value >= 1:
+                p.add(f"{name}.{optim}.{beta}", value, "must be < 1")
+
+
+def _check_micro_batches(p: _Problems, name: str, mode) -> None:
+    """`mgrpo_jax.train.system.batch_rows`: every batch of the agent's train steps splits into its micro-batches."""
+    micro = p.number(f"{name}.micro_batches", 1)
+    warm = p.number("warmstart.batch_size", 1)
+    queries, samples = p.number("rollout.queries", 1), p.number("rollout.samples", 1)
+    rl_rows, rl_label = None, "rollout.queries x rollout.samples"
+    if queries and samples:
+        rl_rows = queries * samples
+    if name == "sub":
+        if mode == "mgrpo_unsync":
+            rl_rows, rl_label = p.number("rollout.unsync_chunk", 1), "rollout.unsync_chunk"
+        else:
+            d_max = p.number("rollout.d_max", 1)
+            rl_rows, rl_label = (rl_rows * d_max if rl_rows and d_max else None), rl_label + " x rollout.d_max"
+    if not micro:
+        return
+    for rows, label in ((warm, "warmstart.batch_size"), (rl_rows, rl_label)):
+        if rows and rows % micro:
+            p.add(f"{name}.micro_batches", micro,
+                  f"a batch of {rows} rows ({label}) does not split into {micro} micro-batches")
+
+
+def validate(config, role: str | None = None) -> None:
+    """Raises one ValueError listing every problem of `config` that shows without building anything, each naming
+    its field. `role`: the job's side in the decoupled mode (launch/tpu_run.py --role), "colocated" or None for
+    one job with both agents."""
+    from mgrpo_jax.core import advantages, alignment
+    from mgrpo_jax.env.grammar import GRAMMARS, get_grammar
+    from mgrpo_jax.store.url import parse_store_url
+
+    try:
+        from mgrpo_jax.core.advantages import available_advantages
+    except ImportError:  # a core without an estimator registry computes the group-relative ("grpo") advantages
+        def available_advantages():
+            return ["grpo"]
+
+    p = _Problems(config)
+    _unknown_fields(p, config, base_config())
+    p.choice("benchmark", BENCHMARKS)
+    p.choice("mode", MODES)
+    p.choice("stage", STAGES)
+    mode = p.get("mode")
+
+    grammar = p.get("env.grammar")
+    if grammar is not _MISSING:
+        try:
+            get_grammar(grammar)
+        except ValueError:
+            p.add("env.grammar", grammar, f"not one of {', '.join(GRAMMARS)}{_did_you_mean(grammar, GRAMMARS)}")
+    for field in ("n_entities", "snippet_chars", "search_top_k", "stage2_filter_samples"):
+        p.number(f"env.{field}", 1)
+    for field in ("background_sentences", "stage2_filter_pool"):
+        p.number(f"env.{field}", 0)
+    p.number("env.stage2_max_success", 0, 1)
+    for section, low, high in (("sizes", 0, None), ("compact", 1, None), ("compact_noise", 0, 1)):
+        values = p.get(f"env.{section}")
+        for key in () if values is _MISSING else values.keys():
+            p.number(f"env.{section}.{key}", low, high)
+    p.number("tokenizer.vocab_size", 0)
+
+    p.choice("rollout.align_mode", alignment.MODES)
+    for field in ("queries", "samples", "d_max", "max_turn_tokens", "unsync_chunk"):
+        p.number(f"rollout.{field}", 1)
+    p.number("rollout.max_sub_calls", 0)
+    p.number("rollout.temperature", 0)
+
+    for field, n in (("rewards.alpha", 2), ("rewards.beta", 3)):
+        weights = p.get(field)
+        if weights is not _MISSING and (not isinstance(weights, tuple | list) or len(weights) != n):
+            p.add(field, weights, f"must be {n} weights")
+
+    p.choice("advantages.estimator", available_advantages())
+    p.choice("advantages.scale", advantages.SCALES)
+    p.choice("advantages.baseline", advantages.BASELINES)
+    p.number("advantages.eps", 0)
+
+    for field in ("steps", "batch_size", "examples", "min_steps", "check_every", "format_questions"):
+        p.number(f"warmstart.{field}", 1 if field in ("batch_size", "examples") else 0)
+    p.number("warmstart.format_target", 0, 1)
+    for field in ("steps", "eval_every", "eval_questions", "checkpoint_every", "log_transcripts"):
+        p.number(f"train.{field}", 0)
+    p.number("train.eval_runs", 1)
+
+    agents = ("single",) if mode == "single_agent" else ("main", "sub")
+    for name in agents:
+        _check_agent(p, name)
+        _check_micro_batches(p, name, mode)
+
+    store = p.get("store")
+    if store is not _MISSING:
+        try:
+            parse_store_url(store)
+        except ValueError as e:
+            p.add("store", store, str(e))
+    p.number("decoupled.timeout_s", above=0)
+    max_lag = p.number("decoupled.max_lag", 0)
+    keep = p.number("decoupled.keep_steps", 1)
+    if max_lag is not None and keep is not None and keep < max_lag + 1:
+        p.add("decoupled.keep_steps", keep, f"must be >= decoupled.max_lag + 1 = {max_lag + 1} (the main job at "
+              "step s may still read what the sub job wrote at step s - max_lag)")
+
+    if role is not None and role not in ROLES:
+        p.add("role", role, f"not one of {', '.join(ROLES)}{_did_you_mean(role, ROLES)}")
+    if role in ("main", "sub"):
+        if mode in MODES and mode not in TWO_AGENT_MODES:
+            p.add("mode", mode, f"--role={role} needs a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
+        if isinstance(store, str) and store.startswith("memory://"):
+            p.add("store", store, f"--role={role}: the main and sub jobs share only the store, and a memory:// "
+                  "store is private to one process; pass --config.store=file:///shared/path or gs://bucket/prefix")
+
+    found = list(dict.fromkeys(p.found))
+    if found:
+        raise ValueError(f"invalid config ({len(found)} problem{'s' if len(found) > 1 else ''}):\n  "
+                         + "\n  ".join(found))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 
+from mgrpo_jax.config import validate
+
 log = logging.getLogger("mgrpo_jax")
 
 COMPILATION_CACHE = ".jax_cache"
@@ -27,6 +29,7 @@ def enable_compilation_cache(workdir: str) -> str | None:
 
 def run(config, workdir: str, role: str = "colocated") -> dict:
     """`colocated`: both agents in this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
+    validate(config, role)  # a bad config fails here, before anything is built
     enable_compilation_cache(workdir)
     if role == "colocated":
         from mgrpo_jax.train.trainer import Trainer

@@ -1,0 +1,174 @@
+"""The presets every benchmark shares, and the parsing of an experiment file's argument.
+
+A preset is a function that edits the defaults (`mgrpo_jax.config.base_config`) in place. Each experiment file
+(`experiments/xbench.py`, `gaia.py`, `webwalker.py`) lists its presets in a table, name -> function, and its
+`get_config(arg)` calls `resolve` here:
+
+  smoke   the whole pipeline (warm start, RL steps of both agents, eval, checkpoint) in under a minute;
+          used by the tests.
+  local   runs on a laptop CPU: the compact world (env.grammar=compact), warm start until the agents keep the
+          format, then RL, in about 10 minutes on 2 cores.
+  figures the compact system for experiments/figures (stage 1, stage 2, avg@3 evaluations).
+  paper   the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models,
+          for a TPU pod slice.
+
+`compact` (the compact world, grammar and model sized for a CPU) and `small_world` are building blocks of the
+presets above. A new preset is a function in an experiment file (for one benchmark) or here (for all of them),
+added to the experiment files' tables; `mgrpo_jax.config.validate` checks what it produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import ml_collections
+
+from mgrpo_jax.config import MODES, base_config, default_preset
+
+Preset = Callable[[ml_collections.ConfigDict], None]
+
+
+def resolve(benchmark: str, presets: Mapping[str, Preset], arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config of `benchmark` for `arg` = "preset" or "preset,mode" (None: `default_preset()`, mode mgrpo)."""
+    name, _, mode = (arg or default_preset()).partition(",")
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; presets are {tuple(presets)}")
+    c = base_config(benchmark)
+    c.preset = name
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
+        c.mode = mode
+    presets[name](c)
+    return c
+
+
+def small_world(c, entities: int) -> None:
+    c.env.n_entities = entities
+    c.env.background_sentences = 2
+    c.env.snippet_chars = 120
+    c.env.search_top_k = 3
+    c.env.sizes = ml_collections.ConfigDict(
+        {"stage1": 400, "stage2": 400, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})
+
+
+def smoke(c) -> None:
+    small_world(c, 300)
+    c.tokenizer.vocab_size = 1024
+    for agent in (c.main, c.sub, c.single):
+        agent.model_overrides = ml_collections.ConfigDict({"d_model": 32, "n_layers": 1, "mlp_dim": 64,
+                                                          "n_heads": 2, "n_kv_heads": 1, "head_dim": 16})
+        agent.context_tokens = 1024
+        agent.max_turns = 3
+    c.single.context_tokens = 1024
+    c.rollout.queries = 2
+    c.rollout.samples = 2
+    c.rollout.d_max = 2
+    c.rollout.max_turn_tokens = 48
+    c.rollout.max_sub_calls = 2
+    c.rollout.unsync_chunk = 4
+    c.warmstart.steps = 3
+    c.warmstart.batch_size = 4
+    c.warmstart.examples = 8
+    c.train.steps = 2
+    c.train.eval_every = 2
+    c.train.eval_runs = 1
+    c.train.eval_questions = 2
+    c.train.checkpoint_every = 1
+
+
+def compact(c) -> None:
+    """The compact world, grammar and word-level tokenizer (DESIGN.md section 4), sized for a 2-core CPU: agents of
+    ~0.17M parameters, episodes of ~50 (main), ~50 (sub) and ~100 (single agent) tokens."""
+    c.env.grammar = "compact"
+    c.env.sizes = ml_collections.ConfigDict(
+        {"stage1": 600, "stage2": 600, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})
+    c.tokenizer.vocab_size = 0  # the word model's own size: the world's words, the tags and the byte pieces
+    for agent in (c.main, c.sub, c.single):
+        agent.model_overrides = ml_collections.ConfigDict({"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
+                                                          "head_dim": 16, "mlp_dim": 256})
+        # RL: a slow second-moment average (b2 0.999) keeps Adam from turning the near-zero gradients of tokens
+        # the clone already predicts into full-size noisy steps; at lr 2e-3 (b2 0.98, 4 passes) the clone's
+        # copying broke down within 10 steps (README, "The compact miniature").
+        agent.optim.lr = 3e-4
+        agent.optim.b2 = 0.999
+        agent.sft.lr = 3e-3
+        agent.passes = 2
+    # Noise-free experts finish every question within these (tests/env/test_compact.py replays them): the main
+    # agent's 3-hop chains with one re-ask each, the sub-agent's search-open-answer, the single agent's 3 lookups.
+    c.main.context_tokens, c.main.max_turns = 96, 8
+    c.sub.context_tokens, c.sub.max_turns = 64, 4
+    c.single.context_tokens, c.single.max_turns = 128, 10
+    c.rollout.queries = 16
+    c.rollout.samples = 8
+    c.rollout.d_max = 4  # the 99th percentile of the stage-2 experts' d_k (bench.env: 2-4 calls)
+    c.rollout.max_turn_tokens = 8  # the longest compact turn, `[calc max 31 17 ]`, is 6 tokens with its end
+    c.rollout.max_sub_calls = 6
+    c.rollout.temperature = 1.0
+    c.rollout.unsync_chunk = 128
+    # Greedy clones keep the format after ~100 steps but copy names and values (the content) only after ~500.
+    c.warmstart.steps = 1000
+    c.warmstart.min_steps = 500
+    c.warmstart.batch_size = 64
+    c.warmstart.examples = 2000
+    c.warmstart.check_every = 250
+    c.warmstart.format_questions = 64
+
+
+def local(c) -> None:
+    """The README's laptop run: the compact system, warm start until the format is kept, then RL; ~10 minutes."""
+    compact(c)
+    c.rollout.d_max = 2  # stage 1 (1-hop lookups, one re-ask at most): d_k is 1 or 2
+    c.train.steps = 40
+    c.train.eval_every = 20
+    c.train.eval_runs = 1
+    c.train.eval_questions = 40
+    c.train.checkpoint_every = 20
+
+
+def figures(c) -> None:
+    """The paper's figures in miniature (experiments/figures/): the compact system, stage 1 then stage 2 from one
+    stage-1 checkpoint, avg@3 evaluations on the three held-out sets."""
+    compact(c)
+    c.train.steps = 16
+    c.train.eval_every = 8
+    c.train.eval_runs = 3  # avg@3, as in the paper
+    c.train.eval_questions = 40
+    c.train.eval_at_start = True
+    c.train.checkpoint_every = 8
+    c.env.stage2_filter_pool = 256
+    c.env.stage2_filter_samples = 4
+
+
+def paper(c) -> None:
+    """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models, for a TPU
+    pod slice."""
+    c.env.n_entities = 10_000
+    c.tokenizer.vocab_size = 32_000
+    for agent in (c.main, c.sub, c.single):
+        agent.model = "qwen3-8b"
+        # Planned for v5p-128 (64 chips) by the TPU compiler (`python -m mgrpo_jax.bench.plan`, README): FSDP over
+        # 16 x 4-way tensor parallelism, one 32k-token row per row shard per micro-batch, every layer
+        # rematerialised, attention in 1024-query chunks.
+        agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 4})
+        agent.micro_batches = 8
+        agent.optim.lr = 1e-6
+        agent.optim.weight_decay = 0.1
+        agent.model_overrides = ml_collections.ConfigDict({"remat": True, "dtype": "bfloat16", "attn_chunk": 1024})
+    c.main.micro_batches = 1  # Q*K = 16 rows: one per row shard
+    c.main.context_tokens = 32_768
+    c.sub.context_tokens = 32_768
+    c.single.context_tokens = 32_768
+    c.main.max_turns = c.sub.max_turns = 20
+    c.single.max_turns = 40
+    c.rollout.queries = 2  # the released scripts' rollout batch (2 prompts x 8 samples)
+    c.rollout.samples = 8
+    c.rollout.d_max = 8
+    c.rollout.max_turn_tokens = 1024
+    c.warmstart.steps = 0
+    c.warmstart.batch_size = 128  # (no warm start by default) splits over the row shards like the RL batches
+    c.train.steps = 100_000
+    c.train.eval_every = 25
+    c.train.eval_runs = 3
+    c.train.eval_questions = 0
+    c.train.checkpoint_every = 25
