@@ -12,9 +12,15 @@ pairs turns logical names into a ``PartitionSpec`` for a given mesh:
   size 2 is simply replicated on a 4-way ``tensor`` axis);
 - logical names without a rule are replicated.
 
+Rule sets are named (``RULE_SETS``, ``get_rules``): ``default`` (FSDP + tensor parallelism), ``fsdp``,
+``tensor`` and ``data``; see each one's comment. Every set places the batch rows the same way (over
+``data`` x ``fsdp``, as the train step shards its batches), so they differ in where the parameters live
+and which activations are split over heads.
+
 ``make_mesh`` builds a mesh with ``Auto`` axis types (classic ``jax.jit`` + ``NamedSharding``) from any
-device subset, so each agent gets its own mesh on disjoint devices. ``init_sharded`` creates a model
-whose parameters are born sharded (one jitted init with ``out_shardings``; no full host copy).
+device subset, so each agent gets its own mesh on disjoint devices. The functions that build a sharded
+``Transformer`` (``abstract_model``, ``init_sharded``, ``shard_model``) live in ``transformer.py``: this
+module is data and placement only, and imports nothing else of the model.
 """
 
 from __future__ import annotations
@@ -61,6 +67,49 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 Rules = tuple[tuple[str, Any], ...]
+
+
+def _with(rules: Rules, **changes: Any) -> Rules:
+    """``rules`` with the mesh axes of some logical names replaced (same names, same order)."""
+    unknown = set(changes) - {name for name, _ in rules}
+    if unknown:
+        raise ValueError(f"no rule for {sorted(unknown)}")
+    return tuple((name, changes.get(name, axes)) for name, axes in rules)
+
+
+_NO_TENSOR = dict(vocab=None, q_heads=None, kv_heads=None, mlp=None, act_heads=None, act_kv_heads=None,
+                  act_mlp=None, act_vocab=None, cache_kv_heads=None)
+
+# ZeRO-3 style: every parameter sharded over ``fsdp`` along the model dimension (gathered layer by layer
+# where it is used), no tensor parallelism: activations and the KV cache keep whole heads, the MLP hidden
+# and the vocabulary on every device. Meant for meshes whose ``tensor`` axis is 1 (where it places exactly
+# as ``default`` does); a ``tensor`` axis > 1 would hold replicas.
+FSDP_RULES: Rules = _with(DEFAULT_RULES, **_NO_TENSOR)
+
+# Megatron-style tensor parallelism only: heads, MLP hidden and vocabulary over ``tensor``; parameters are
+# whole along the model dimension, i.e. replicated over ``data`` and ``fsdp``, which both split the batch
+# (no weight gathers per layer: the choice for a model that fits a ``tensor`` group, e.g. for decoding,
+# where ``default`` gathers every FSDP-sharded weight again for each token).
+TENSOR_RULES: Rules = _with(DEFAULT_RULES, embed=None)
+
+# Plain data parallelism: every parameter and every head replicated, only the batch rows split (over
+# ``data`` x ``fsdp``). For models small enough to hold on every device.
+DATA_RULES: Rules = _with(FSDP_RULES, embed=None)
+
+RULE_SETS: dict[str, Rules] = {
+    "default": DEFAULT_RULES,
+    "fsdp": FSDP_RULES,
+    "tensor": TENSOR_RULES,
+    "data": DATA_RULES,
+}
+
+
+def get_rules(name: str) -> Rules:
+    """The rule set registered under ``name`` in ``RULE_SETS`` (e.g. from ``agent.sharding_rules``)."""
+    try:
+        return RULE_SETS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown sharding rule set {name!r}; known: {', '.join(sorted(RULE_SETS))}") from None
 
 
 def make_mesh(shape: dict[str, int] | Sequence[tuple[str, int]], devices: Sequence[Any] | None = None,
@@ -174,49 +223,3 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
 
 def state_partition_specs(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
     return jax.tree.map(lambda s: s.spec, state_shardings(state, mesh, rules))
-
-
-def abstract_model(cfg, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
-    """(graphdef, abstract state with shardings) of a ``Transformer`` — no memory allocated."""
-    from mgrpo_jax.model.transformer import Transformer
-
-    mr = None if mesh is None else MeshRules(mesh, tuple(rules))
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr))
-    graphdef, state = nnx.split(model)
-    if mesh is not None:
-        shard = state_shardings(state, mesh, rules)
-        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shard)
-    return graphdef, state
-
-
-def init_sharded(cfg, mesh: Mesh, rules: Rules = DEFAULT_RULES, rng: int | jax.Array = 0):
-    """A ``Transformer`` whose parameters are created directly in their sharded placement.
-
-    The initialiser runs inside one ``jax.jit`` with ``out_shardings`` from the rules, so each device
-    only materialises its own shards. The returned model also constrains its activations by the rules.
-    """
-    from mgrpo_jax.model.transformer import Transformer
-
-    rules = tuple(rules)
-    mr = MeshRules(mesh, rules)
-    graphdef, abs_state = nnx.split(
-        nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr)))
-    shard = state_shardings(abs_state, mesh, rules)
-    key = rng if isinstance(rng, jax.Array) else jax.random.key(int(rng))
-
-    def _init(k):
-        return nnx.state(Transformer(cfg, rngs=nnx.Rngs(k), mesh_rules=mr))
-
-    state = jax.jit(_init, out_shardings=shard)(key)
-    return nnx.merge(graphdef, state)
-
-
-def shard_model(model, mesh: Mesh, rules: Rules = DEFAULT_RULES):
-    """Move an existing (e.g. single-device) model onto ``mesh`` by the rules; returns a new model."""
-    rules = tuple(rules)
-    graphdef, state = nnx.split(model)
-    shard = state_shardings(state, mesh, rules)
-    state = jax.device_put(state, shard)
-    new = nnx.merge(graphdef, state)
-    new.mesh_rules = MeshRules(mesh, rules)
-    return new

@@ -22,12 +22,18 @@ Cache pytree (a dict)::
      compute dtype; keys after RoPE, stored transposed so that q k^T is a plain matmul over the cache),
      'mask': [B, S] bool  (slot holds a real key)}
 
+The maths exists once, as the pure function ``forward(cfg, mesh_rules, params, tokens, positions, ...)``
+over plain arrays (built from ``block``, ``rms_norm``, ``rope_sin_cos``, ``attention``, ``dense``):
+``Transformer.__call__`` is ``forward`` on ``Transformer.arrays()``, and the sampler calls ``forward`` on the
+same values laid out for its decode loop (:mod:`mgrpo_jax.sampling.layout`).
+
 Parameters are stored stacked over layers (leading ``L`` axis). Without a cache the layers run under
 ``jax.lax.scan`` (compile time flat in depth) or unrolled (``cfg.scan_layers``); with a cache they are
 unrolled over the per-layer KV buffers, so each layer updates its buffer in place and attention reads it
 where it lies. Projections go through ``dense`` (a hand-written backward pass, see there). Each
-parameter carries ``logical_axes`` metadata used by :mod:`mgrpo_jax.model.sharding`. RoPE uses the
-Hugging Face "rotate_half" layout (first half / second half of each head), so HF checkpoints load
+parameter carries ``logical_axes`` metadata used by :mod:`mgrpo_jax.model.sharding`; ``abstract_model``,
+``init_sharded`` and ``shard_model`` (end of this module) build a model placed by those rules. RoPE uses
+the Hugging Face "rotate_half" layout (first half / second half of each head), so HF checkpoints load
 without permutation.
 """
 
@@ -35,13 +41,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from mgrpo_jax.model.config import ModelConfig
-from mgrpo_jax.model.sharding import MeshRules, constrain
+from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, constrain, state_shardings
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -326,19 +335,19 @@ def _dense_bwd(res, g):
 _dense2d.defvjp(_dense_fwd, _dense_bwd)
 
 
-MLP_MATRICES = ("gate", "up", "down")  # the [in, out] matrices ``layer_list(out_major=True)`` transposes
-
-
 def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
-    """``dense(x, w[name])``, or the same product from the ``[out, in]`` copy ``w[name + "_t"]``."""
+    """``dense(x, w[name])``, or the same product from the ``[out, in]`` copy ``w[name + "_t"]`` (a decode
+    layout, :mod:`mgrpo_jax.sampling.layout`)."""
     wt = w.get(name + "_t")
     if wt is None:
         return dense(x, w[name])
     return jax.lax.dot_general(x, wt, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=x.dtype)
 
 
-def _block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, causal=False):
-    """One decoder block. ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys."""
+def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, causal=False):
+    """One decoder block over one layer's parameters ``lp`` (the MLP matrices ``gate`` / ``up`` / ``down`` may
+    come transposed, ``[out, in]``, as ``gate_t`` / ``up_t`` / ``down_t``: same values).
+    ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys."""
     cdt = cfg.compute_dtype
     w = {n: a.astype(cdt) for n, a in lp.items() if n not in ("attn_norm", "mlp_norm", "q_norm", "k_norm")}
     eps, p1 = cfg.norm_eps, cfg.norm_plus_one
@@ -398,118 +407,119 @@ class Transformer(nnx.Module):
 
     # -- forward ------------------------------------------------------------------------------------
 
-    def layer_list(self, out_major: bool = False) -> list[dict[str, jax.Array]]:
-        """Each layer's parameters, sliced out of the stacked arrays (pass them back as ``layers=``).
+    def arrays(self) -> dict[str, Any]:
+        """The parameters as plain arrays, the ``params`` of :func:`forward`: ``embed``, ``final_norm``,
+        ``layers`` (the stacked dict) and, without tied embeddings, ``lm_head``."""
+        out = {"embed": self.embed[...], "final_norm": self.final_norm[...], "layers": self.layers.arrays()}
+        if not self.cfg.tie_embeddings:
+            out["lm_head"] = self.lm_head[...]
+        return out
 
-        ``out_major``: the MLP matrices transposed to ``[out, in]``, under ``gate_t`` / ``up_t`` /
-        ``down_t`` instead of ``gate`` / ``up`` / ``down`` (same values from the forward; with
-        ``head_out_major`` for the LM head). A decode step multiplies a few rows by each matrix, so the matrix
-        streams from memory once per token; XLA:CPU's matmul (YNNPACK) reads an ``[out, in]`` matrix row by
-        row, contiguously. At the bench shape a decode call is 5-8% faster with the MLP out-major, 2-3% more
-        with the head (``mgrpo_jax.bench.model``). Costs one copy of those weights for as long as the list
-        lives. The attention projections gained nothing measurable and stay as they are.
-        """
-        stacked = self.layers.arrays()
-        layers = [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.n_layers)]
-        if out_major:
+    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None):
+        """``forward`` over this model's parameters (module docstring: the call convention).
+
+        ``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
+        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model)."""
+        return forward(self.cfg, self.mesh_rules, self.arrays(), tokens, positions, attention_mask=attention_mask,
+                       cache=cache, cache_index=cache_index, logits_at=logits_at)
+
+
+def unstack_layers(stacked: Mapping[str, jax.Array]) -> list[dict[str, jax.Array]]:
+    """Each layer's parameters sliced out of the stacked (leading ``n_layers`` axis) arrays."""
+    n = next(iter(stacked.values())).shape[0]
+    return [{name: a[i] for name, a in stacked.items()} for i in range(n)]
+
+
+def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str, Any], tokens, positions, *,
+            attention_mask=None, cache=None, cache_index=None, logits_at=None):
+    """The model's forward pass, a pure function: ``(logits, new_cache)`` (module docstring: the call convention).
+
+    ``params``: ``Transformer.arrays()`` (``embed [V, D]``, ``final_norm [D]``, ``layers``, ``lm_head [D, V]``
+    unless the embeddings are tied), or the same values in another layout, for a caller that calls this many
+    times over the same weights (the sampler's decode loop, :mod:`mgrpo_jax.sampling.layout`):
+
+    - ``layers``: the stacked dict, or a sequence of per-layer dicts (``unstack_layers``; each may hold MLP
+      matrices transposed, see ``block``). An unrolled forward slices each layer's weights out of the stacked
+      arrays, and XLA does not hoist those copies out of a ``while`` loop by itself: a loop passes the list.
+    - ``lm_head_t [V, D]`` instead of ``lm_head``.
+
+    ``mesh_rules``: constrain activations by the logical rules (``None``: no constraints)."""
+    mr = mesh_rules
+    cdt = cfg.compute_dtype
+    B, T = tokens.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((B, T), jnp.bool_)
+    attention_mask = attention_mask.astype(jnp.bool_)
+
+    x = jnp.take(params["embed"], tokens, axis=0).astype(cdt)
+    if cfg.scale_embeddings:
+        x = x * jnp.asarray(math.sqrt(cfg.d_model), cdt)
+    x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
+    sin, cos = rope_sin_cos(positions, cfg)
+    layers = params["layers"]
+    if isinstance(layers, Mapping) and (cache is not None or not cfg.scan_layers):
+        layers = unstack_layers(layers)  # a loop over the layers (else a scan over the stacked arrays)
+
+    if cache is None:
+        causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
+        mask = causal[None] & attention_mask[:, None, :]
+
+        def body(x, lp):
+            x, _ = block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None), causal=True)
+            return x, None
+
+        if cfg.remat:
+            policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        if isinstance(layers, Mapping):
+            x, _ = jax.lax.scan(body, x, layers)
+        else:
             for lp in layers:
-                for name in MLP_MATRICES:
-                    lp[name + "_t"] = jnp.transpose(lp.pop(name))
-        return layers
-
-    def head_out_major(self) -> jax.Array:
-        """The LM head as ``[vocab, d_model]`` (pass it back as ``head=``): the tied embedding itself, else
-        ``lm_head`` transposed (once, outside a decode loop; see ``layer_list``)."""
-        return self.embed[...] if self.cfg.tie_embeddings else jnp.transpose(self.lm_head[...])
-
-    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None,
-                 layers=None, head=None):
-        """``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
-        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model).
-
-        ``layers``: this model's ``layer_list()``, computed once outside a loop that calls the model many times
-        (the sampler's decode loop). An unrolled forward slices each layer's weights out of the stacked
-        arrays, and XLA does not hoist those copies out of a ``while`` loop by itself.
-
-        ``head``: this model's ``head_out_major()``, computed once outside such a loop."""
-        cfg, mr = self.cfg, self.mesh_rules
-        cdt = cfg.compute_dtype
-        B, T = tokens.shape
-        if attention_mask is None:
-            attention_mask = jnp.ones((B, T), jnp.bool_)
-        attention_mask = attention_mask.astype(jnp.bool_)
-
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(cdt)
-        if cfg.scale_embeddings:
-            x = x * jnp.asarray(math.sqrt(cfg.d_model), cdt)
-        x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
-        sin, cos = rope_sin_cos(positions, cfg)
-        layer_params = self.layers.arrays()
-        if layers is None and (cache is not None or not cfg.scan_layers):
-            layers = self.layer_list()
-
-        if cache is None:
-            causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
-            mask = causal[None] & attention_mask[:, None, :]
-
-            def body(x, lp):
-                x, _ = _block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None), causal=True)
-                return x, None
-
-            if cfg.remat:
-                policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
-                body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-            if cfg.scan_layers:
-                x, _ = jax.lax.scan(body, x, layer_params)
-            else:
-                for lp in layers:
-                    x, _ = body(x, lp)
-            new_cache = None
+                x, _ = body(x, lp)
+        new_cache = None
+    else:
+        if cache_index is None:
+            raise ValueError("cache_index is required with a cache")
+        idx = jnp.asarray(cache_index, jnp.int32)
+        S = cache["mask"].shape[1]
+        zero = jnp.zeros((), jnp.int32)
+        slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
+        # A prefill into slot 0 (``cache_index`` the Python int 0) attends to its own T keys only: the
+        # slots after them are masked anyway, so reading the whole cache would only add work.
+        fresh = isinstance(cache_index, int) and cache_index == 0
+        if fresh:
+            mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & attention_mask[:, None, :]
         else:
-            if cache_index is None:
-                raise ValueError("cache_index is required with a cache")
-            idx = jnp.asarray(cache_index, jnp.int32)
-            S = cache["mask"].shape[1]
-            zero = jnp.zeros((), jnp.int32)
-            slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
-            # A prefill into slot 0 (``cache_index`` the Python int 0) attends to its own T keys only: the
-            # slots after them are masked anyway, so reading the whole cache would only add work.
-            fresh = isinstance(cache_index, int) and cache_index == 0
-            if fresh:
-                mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & attention_mask[:, None, :]
-            else:
-                q_slot = idx + jnp.arange(T, dtype=jnp.int32)
-                mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
+            q_slot = idx + jnp.arange(T, dtype=jnp.int32)
+            mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
 
-            # Layers unrolled over per-layer cache buffers: each layer's update is in place and attention
-            # reads its keys where they lie (a scan would slice a copy of every layer's cache per token).
-            ks, vs = list(cache["k"]), list(cache["v"])
-            for i, lp in enumerate(layers):
+        # Layers unrolled over per-layer cache buffers: each layer's update is in place and attention
+        # reads its keys where they lie (a scan would slice a copy of every layer's cache per token).
+        ks, vs = list(cache["k"]), list(cache["v"])
+        for i, lp in enumerate(layers):
 
-                def kv_update(k, v, i=i):
-                    nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), (zero, zero, zero, idx))
-                    nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), (zero, zero, idx, zero))
-                    if fresh:
-                        return k, v, (nk, nv)
-                    return nk.astype(cdt), nv.astype(cdt), (nk, nv)
+            def kv_update(k, v, i=i):
+                nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), (zero, zero, zero, idx))
+                nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), (zero, zero, idx, zero))
+                if fresh:
+                    return k, v, (nk, nv)
+                return nk.astype(cdt), nv.astype(cdt), (nk, nv)
 
-                x, (ks[i], vs[i]) = _block(cfg, mr, lp, x, sin, cos, mask, kv_update, causal=fresh)
-            new_cache = {"k": tuple(ks), "v": tuple(vs), "mask": slot_mask}
+            x, (ks[i], vs[i]) = block(cfg, mr, lp, x, sin, cos, mask, kv_update, causal=fresh)
+        new_cache = {"k": tuple(ks), "v": tuple(vs), "mask": slot_mask}
 
-        if logits_at is not None:
-            x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)
-        x = rms_norm(x, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
-        if head is None and cfg.tie_embeddings:
-            head = self.embed[...]
-        if head is not None:  # [vocab, d_model]
-            logits = jnp.einsum("btd,vd->btv", x, head.astype(cdt), preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(cdt),
-                                preferred_element_type=jnp.float32)
-        if cfg.logit_softcap is not None:
-            logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
-        logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mr)
-        return logits, new_cache
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)
+    x = rms_norm(x, params["final_norm"], cfg.norm_eps, cfg.norm_plus_one)
+    head_t = params["embed"] if cfg.tie_embeddings else params.get("lm_head_t")
+    if head_t is not None:  # [vocab, d_model]
+        logits = jnp.einsum("btd,vd->btv", x, head_t.astype(cdt), preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("btd,dv->btv", x, params["lm_head"].astype(cdt), preferred_element_type=jnp.float32)
+    if cfg.logit_softcap is not None:
+        logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
+    logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mr)
+    return logits, new_cache
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -572,3 +582,49 @@ def token_logprobs(model: Transformer, tokens, positions, attention_mask=None) -
     if attention_mask is not None:
         lp = jnp.where(attention_mask.astype(jnp.bool_), lp, 0.0)
     return lp
+
+
+# ---------------------------------------------------------------------------------------------------
+# A Transformer placed on a mesh by logical rules (sharding.py)
+
+
+def abstract_model(cfg: ModelConfig, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
+    """(graphdef, abstract state with shardings) of a ``Transformer`` — no memory allocated."""
+    mr = None if mesh is None else MeshRules(mesh, tuple(rules))
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr))
+    graphdef, state = nnx.split(model)
+    if mesh is not None:
+        shard = state_shardings(state, mesh, rules)
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shard)
+    return graphdef, state
+
+
+def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: Rules = DEFAULT_RULES, rng: int | jax.Array = 0):
+    """A ``Transformer`` whose parameters are created directly in their sharded placement.
+
+    The initialiser runs inside one ``jax.jit`` with ``out_shardings`` from the rules, so each device
+    only materialises its own shards. The returned model also constrains its activations by the rules.
+    """
+    rules = tuple(rules)
+    mr = MeshRules(mesh, rules)
+    graphdef, abs_state = nnx.split(
+        nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr)))
+    shard = state_shardings(abs_state, mesh, rules)
+    key = rng if isinstance(rng, jax.Array) else jax.random.key(int(rng))
+
+    def _init(k):
+        return nnx.state(Transformer(cfg, rngs=nnx.Rngs(k), mesh_rules=mr))
+
+    state = jax.jit(_init, out_shardings=shard)(key)
+    return nnx.merge(graphdef, state)
+
+
+def shard_model(model: Transformer, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Transformer:
+    """Move an existing (e.g. single-device) model onto ``mesh`` by the rules; returns a new model."""
+    rules = tuple(rules)
+    graphdef, state = nnx.split(model)
+    shard = state_shardings(state, mesh, rules)
+    state = jax.device_put(state, shard)
+    new = nnx.merge(graphdef, state)
+    new.mesh_rules = MeshRules(mesh, rules)
+    return new

@@ -17,6 +17,7 @@ from mgrpo_jax.sampling.buckets import (
     pad_prompts,
     pow2_buckets,
 )
+from mgrpo_jax.sampling.layout import decode_layout
 from mgrpo_jax.sampling.sampler import (
     NO_STOP,
     SampleOutput,
@@ -36,6 +37,7 @@ __all__ = [
     "SampleOutput",
     "Sampler",
     "bucket",
+    "decode_layout",
     "decode_windows",
     "filter_logits",
     "generate",

@@ -41,8 +41,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from mgrpo_jax.model import CACHE_AXES
+from mgrpo_jax.model import CACHE_AXES, forward
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, pad_prompts
+from mgrpo_jax.sampling.layout import decode_layout
 
 NO_STOP = -1  # filler of the per-row stop-token table
 STOP_WIDTH_BUCKETS = (4, 16, 64)
@@ -187,9 +188,10 @@ def generate(
     compiled loop body per phase (compile time grows with ``n``) and up to one more cache's worth of memory.
     Same tokens and log-probs as one loop, up to float summation order.
 
-    ``out_major``: the layers' MLP matrices and the LM head are transposed to ``[out, in]`` once per call,
-    outside the loops (``Transformer.layer_list``, ``Transformer.head_out_major``); the layout XLA:CPU's
-    matmul streams fastest. Same values.
+    The prefill and every decode step are :func:`mgrpo_jax.model.forward` (the model's one forward pass) on
+    the model's weights laid out once per call, outside the loops (:func:`mgrpo_jax.sampling.layout.decode_layout`:
+    per-layer slices; with ``out_major`` the layers' MLP matrices and the LM head transposed to ``[out, in]``,
+    the layout XLA:CPU's matmul streams fastest). Same values as calling the model.
     """
     B, P = prompts.shape
     n_slots = cache["mask"].shape[1]
@@ -201,14 +203,14 @@ def generate(
     # Slots left over from an earlier call are never read: the query at slot s only attends to slots
     # <= s, and every one of those is (re)written by this call before it is read.
 
-    # Each layer's weights sliced once, not once per token inside the decode loop.
-    layers = model.layer_list(out_major=out_major)
-    head = model.head_out_major() if out_major else None
+    # Each layer's weights sliced (and laid out) once, not once per token inside the decode loop.
+    step_forward = functools.partial(forward, model.cfg, model.mesh_rules,
+                                     decode_layout(model.arrays(), out_major=out_major))
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]
-    logits, cache = model(prompts, pos, attention_mask=pmask, cache=cache, cache_index=0,
-                          logits_at=prompt_lengths - 1, layers=layers, head=head)
+    logits, cache = step_forward(prompts, pos, attention_mask=pmask, cache=cache, cache_index=0,
+                                 logits_at=prompt_lengths - 1)
     last = logits[:, 0]
 
     def draw(step, logits_step, done):
@@ -248,8 +250,8 @@ def generate(
         step, prev_tok, cache, rec = carry
         slot = P + step - 1
         positions = (prompt_lengths + step - 1)[:, None]
-        logits, cache = model(prev_tok[:, None], positions, attention_mask=jnp.ones((B, 1), jnp.bool_),
-                              cache=cache, cache_index=slot, layers=layers, head=head)
+        logits, cache = step_forward(prev_tok[:, None], positions, attention_mask=jnp.ones((B, 1), jnp.bool_),
+                                     cache=cache, cache_index=slot)
         tok, lp = draw(step, logits[:, 0], rec[2])
         return step + 1, tok, cache, record(rec, step, tok, lp)
 

@@ -8,15 +8,22 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from mgrpo_jax.model import (
+    CACHE_AXES,
     DEFAULT_RULES,
+    RULE_SETS,
+    MeshRules,
     Transformer,
     abstract_model,
+    cache_shape,
+    cache_shardings,
     get_model_config,
+    get_rules,
     init_sharded,
     logical_to_spec,
     make_mesh,
     shard_model,
 )
+from mgrpo_jax.model.transformer import PARAM_AXES
 
 TOL = 1e-5
 
@@ -155,3 +162,81 @@ def test_paper_scale_forward_traces_abstractly_on_a_mesh(name):
     assert all(k.shape == (2, cfg.n_kv_heads, cfg.head_dim, 32) for k in cache["k"])
     assert all(v.shape == (2, cfg.n_kv_heads, 32, cfg.head_dim) for v in cache["v"])
     assert all(k.dtype == jnp.bfloat16 for k in cache["k"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Named rule sets
+
+# The logical names the model constrains its activations by (transformer.forward / block).
+ACTIVATION_AXES = ("act_batch", "act_seq", "act_embed", "act_heads", "act_kv_heads", "act_head_dim", "act_mlp",
+                   "act_vocab")
+
+
+def test_rule_sets_by_name():
+    assert get_rules("default") is DEFAULT_RULES
+    assert set(RULE_SETS) >= {"default", "fsdp", "tensor", "data"}
+    for name, rules in RULE_SETS.items():
+        assert get_rules(name) is rules
+    with pytest.raises(ValueError, match=r"'megatron'.*data, default, fsdp, tensor"):
+        get_rules("megatron")
+
+
+@pytest.mark.parametrize("name", sorted(RULE_SETS))
+def test_rule_set_names_every_logical_axis_once(name):
+    rules = RULE_SETS[name]
+    names = [n for n, _ in rules]
+    assert len(names) == len(set(names))
+    used = {a for axes in PARAM_AXES.values() for a in axes} | {a for axes in CACHE_AXES.values() for a in axes}
+    assert used | set(ACTIVATION_AXES) == set(names)
+    # Batch rows are placed alike by every set (the train step shards its batches over data x fsdp).
+    assert dict(rules)["act_batch"] == dict(rules)["cache_batch"] == ("data", "fsdp")
+
+
+# Expected placement on the 2 x 2 x 2 mesh: q [L, D, H, Dh], down [L, F, D], embed [V, D], k cache entry.
+ROWS = ("data", "fsdp")
+EXPECTED = {
+    "default": (P(None, "fsdp", "tensor"), P(None, "tensor", "fsdp"), P("tensor", "fsdp"), P(ROWS, "tensor")),
+    "fsdp": (P(None, "fsdp"), P(None, None, "fsdp"), P(None, "fsdp"), P(ROWS)),
+    "tensor": (P(None, None, "tensor"), P(None, "tensor"), P("tensor"), P(ROWS, "tensor")),
+    "data": (P(), P(), P(), P(ROWS)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RULE_SETS))
+def test_rule_set_gives_valid_shardings(name):
+    """Every parameter and cache entry gets a NamedSharding that tiles its shape on the 8-device mesh."""
+    rules = get_rules(name)
+    cfg = _cfg()
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    _, state = abstract_model(cfg, mesh, rules)
+    for leaf in jax.tree.leaves(state):
+        assert isinstance(leaf.sharding, jax.sharding.NamedSharding) and leaf.sharding.mesh == mesh
+        leaf.sharding.shard_shape(leaf.shape)  # raises unless the spec tiles the shape
+    shapes, shardings = cache_shape(cfg, 4, 8), cache_shardings(cfg, 4, 8, MeshRules(mesh, rules))
+    for leaf, sharding in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings), strict=True):
+        sharding.shard_shape(leaf.shape)
+    q, down, embed, k = EXPECTED[name]
+    assert (state["layers"]["q"].sharding.spec, state["layers"]["down"].sharding.spec,
+            state["embed"].sharding.spec, shardings["k"][0].spec) == (q, down, embed, k)
+
+
+@pytest.mark.parametrize("name", sorted(RULE_SETS))
+def test_sharded_forward_under_each_rule_set_equals_single_device(name):
+    cfg = _cfg()
+    ref_model = Transformer(cfg, rngs=nnx.Rngs(1))
+    tok, pos, mask = _inputs(cfg, B=4, T=6, seed=7)
+    ones = jnp.ones(tok.shape, bool)
+
+    @nnx.jit
+    def run(model):
+        full = model(tok, pos, attention_mask=mask)[0]
+        _, cache = model(tok[:, :5], pos[:, :5], attention_mask=ones[:, :5], cache=model.init_cache(4, 8),
+                         cache_index=0)
+        step = model(tok[:, 5:], pos[:, 5:], attention_mask=ones[:, 5:], cache=cache, cache_index=jnp.int32(5))
+        return full, step[0]
+
+    ref_full, ref_step = run(ref_model)
+    full, step = run(shard_model(ref_model, make_mesh({"data": 2, "fsdp": 2, "tensor": 2}), get_rules(name)))
+    assert len(full.sharding.device_set) == 8
+    np.testing.assert_allclose(np.asarray(full), np.asarray(ref_full), atol=TOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(step), np.asarray(ref_step), atol=TOL, rtol=0)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,11 @@ from flax import nnx
 
 from mgrpo_jax.model import (
     Transformer,
+    forward,
     gather_logprobs,
     get_model_config,
     token_logprobs,
+    unstack_layers,
 )
 
 TOL = 1e-5  # float32 equivalence tolerance (max abs diff of logits)
@@ -212,52 +215,44 @@ def test_prefill_at_python_zero_equals_traced_index_and_ignores_stale_slots():
         jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=TOL), ca, cb)
 
 
-def test_precomputed_layer_list_gives_the_same_cached_forward():
-    cfg = _cfg("llama-tiny")
+def test_call_is_forward_on_the_models_arrays_and_takes_per_layer_lists():
+    """``Transformer.__call__`` is ``forward`` on ``arrays()``; a per-layer list of the same weights (what a
+    decode loop passes) gives the same cached forward bit for bit, and the uncached one unrolled instead of
+    scanned."""
+    cfg = _cfg("llama-tiny", scan_layers=True)
     model = _model(cfg)
     tok = jax.random.randint(jax.random.key(4), (2, 5), 0, cfg.vocab_size)
     pos = _positions(2, 5)
+    assert cfg.tie_embeddings and set(model.arrays()) == {"embed", "final_norm", "layers"}
+    untied = _model(_cfg("qwen3-tiny", tie_embeddings=False))
+    assert set(untied.arrays()) == {"embed", "final_norm", "layers", "lm_head"}
 
     @functools.partial(nnx.jit, static_argnums=1)
-    def run(model, use_list):
+    def run(model, how):
         cache = model.init_cache(2, 8)
-        layers = model.layer_list() if use_list else None
-        return model(tok, pos, cache=cache, cache_index=jnp.int32(0), layers=layers)[0]
+        if how == "call":
+            return model(tok, pos)[0], model(tok, pos, cache=cache, cache_index=jnp.int32(0))[0]
+        params = model.arrays()
+        if how == "list":
+            params = dict(params, layers=unstack_layers(params["layers"]))
+        return (forward(cfg, None, params, tok, pos)[0],
+                forward(cfg, None, params, tok, pos, cache=cache, cache_index=jnp.int32(0))[0])
 
-    np.testing.assert_array_equal(np.asarray(run(model, True)), np.asarray(run(model, False)))
+    assert cfg.scan_layers
+    ref_full, ref_cached = run(model, "call")
+    for how in ("stacked", "list"):
+        full, cached = run(model, how)
+        np.testing.assert_array_equal(np.asarray(cached), np.asarray(ref_cached))
+        if how == "stacked":
+            np.testing.assert_array_equal(np.asarray(full), np.asarray(ref_full))
+        np.testing.assert_allclose(np.asarray(full), np.asarray(ref_full), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_out_major_weights_give_the_same_forward(name):
-    cfg = _cfg(name)
-    model = _model(cfg)
-    plain, out_major = model.layer_list(), model.layer_list(out_major=True)
-    for a, b in zip(plain, out_major, strict=True):
-        assert set(b) == set(a) - {"gate", "up", "down"} | {"gate_t", "up_t", "down_t"}
-        for m in ("gate", "up", "down"):
-            np.testing.assert_array_equal(np.asarray(b[m + "_t"]), np.asarray(a[m]).T)
-    head = model.embed[...] if cfg.tie_embeddings else model.lm_head[...].T
-    np.testing.assert_array_equal(np.asarray(model.head_out_major()), np.asarray(head))
-    B, T = 2, 6
-    tok = jax.random.randint(jax.random.key(7), (B, T), 0, cfg.vocab_size)
-    pos = _positions(B, T)
-
-    @functools.partial(nnx.jit, static_argnums=1)
-    def run(model, out_major):
-        layers = model.layer_list(out_major=out_major)
-        head = model.head_out_major() if out_major else None
-        full = model(tok, pos, layers=layers, head=head)[0]
-        # A prefill of T - 1 tokens, then one cached decode step: the sampler's two calls.
-        cache = model.init_cache(B, T)
-        _, cache = model(tok[:, :-1], pos[:, :-1], cache=cache, cache_index=0, layers=layers, head=head)
-        step = model(tok[:, -1:], pos[:, -1:], cache=cache, cache_index=jnp.int32(T - 1), layers=layers,
-                     head=head)[0]
-        return full, step
-
-    (full_a, step_a), (full_b, step_b) = run(model, False), run(model, True)
-    np.testing.assert_allclose(np.asarray(full_b), np.asarray(full_a), atol=TOL, rtol=0)
-    np.testing.assert_allclose(np.asarray(step_b), np.asarray(step_a), atol=TOL, rtol=0)
-    np.testing.assert_allclose(np.asarray(step_b[:, 0]), np.asarray(full_a[:, -1]), atol=TOL, rtol=0)
+def test_call_has_one_path():
+    """No layout knobs in the model's call: those live in the sampler (mgrpo_jax.sampling.layout)."""
+    params = inspect.signature(Transformer.__call__).parameters
+    assert list(params) == ["self", "tokens", "positions", "attention_mask", "cache", "cache_index", "logits_at"]
+    assert not hasattr(Transformer, "layer_list") and not hasattr(Transformer, "head_out_major")
 
 
 def test_token_logprobs_matches_manual_log_softmax():
