@@ -78,8 +78,8 @@ def smoke(c) -> None:
 
 
 def compact(c) -> None:
-    """The compact world, grammar and word-level tokenizer (DESIGN.md section 4), sized for a 2-core CPU: agents of
-    ~0.17M parameters, episodes of ~50 (main), ~50 (sub) and ~100 (single agent) tokens."""
+    """The compact world, grammar and word-level tokenizer (README, "The compact miniature"), sized for a 2-core
+    CPU: agents of ~0.17M parameters, episodes of ~50 (main), ~50 (sub) and ~100 (single agent) tokens."""
     c.env.grammar = "compact"
     c.env.sizes = ml_collections.ConfigDict(
         {"stage1": 600, "stage2": 600, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40})

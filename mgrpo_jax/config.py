@@ -12,7 +12,8 @@ shares (smoke, local, figures, paper: `PRESETS`) and each experiment file (`expe
 `launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
 path, for package code, tests and scripts.
 
-Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (see DESIGN.md section 2).
+Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (mgrpo_jax/train/trainer.py says what each
+trains).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.env.stage2_filter_samples = 4
     c.env.search_url = ""  # a real search API (HttpSearchBackend); empty: the offline world's BM25
     c.env.visit_url = ""
-    c.env.benchmark_path = ""  # real benchmark files for evaluation (see reference/benchmarks.md)
+    c.env.benchmark_path = ""  # real benchmark files for evaluation (formats: mgrpo_jax/env/benchmarks.py)
 
     c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 2048})
     # Pieces may span words, so the recurring prompt and protocol phrases compress to a few tokens.
@@ -150,7 +151,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
 
     # Decoupled mode (--role=main / --role=sub, two jobs sharing only `store`; mgrpo_jax/train/decoupled.py).
     c.decoupled = ml_collections.ConfigDict()
-    c.decoupled.timeout_s = 3600.0  # longest wait for the other job (tokenizer, answers, commits, tasks)
+    c.decoupled.timeout_s = 3600.0  # longest wait on the other job or the store (tokenizer, answers, commits, pops)
     c.decoupled.max_lag = 1  # the main job starts step s once the sub job has trained step s - max_lag
     c.decoupled.worker = "sub_0"  # the sub job's name on its task claims
     # How many RL steps of exchange data (tasks, answers, commits) the store keeps before garbage collection; at

@@ -60,7 +60,7 @@ def sub_alone(trainer: Trainer, tasks: list[str], steps: int, queries: int = 16,
         adv = np.asarray(group_advantages(reward, np.ones_like(reward)))
         rows = batches.top_batch([subs[i * samples:(i + 1) * samples] for i in range(queries)], adv,
                                  agent.config.context_tokens, trainer.tokenizer.pad_id, temperature=1.0)
-        trainer._train(agent, rows)
+        agent.train(rows)
     out["greedy_after"] = _success(trainer, _sub_episodes(trainer, tasks, 1, 0, 0.0))
     out["sampled_after"] = _success(trainer, _sub_episodes(trainer, tasks, 4, 1, 1.0))
     return out
@@ -82,19 +82,22 @@ def _opened(trainer: Trainer, text: str):
 
 def system_signal(trainer: Trainer, steps: int = 2) -> dict:
     captured = []
-    train = trainer._train
 
-    def capture(agent, rows):
-        captured.append((agent.name, rows))
-        return {}
+    def capture(name):
+        def train(rows):
+            captured.append((name, rows))
+            return {}
+        return train
 
-    trainer._train = capture  # the batches as the trainer builds them; no update
+    for agent in trainer.agents.values():  # the batches as the trainer builds them; no update
+        agent.train = capture(agent.name)
     try:
         for _ in range(steps):
             trainer.rl_step()
             trainer.step += 1
     finally:
-        trainer._train = train
+        for agent in trainer.agents.values():
+            del agent.train
     affected = system.noise_config(trainer.config).wrong_kind
     advantages = collections.defaultdict(list)
     for name, rows in captured:

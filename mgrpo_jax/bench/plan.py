@@ -44,7 +44,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
-from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config
+from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config, get_rules
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import abstract_agent_state
@@ -72,6 +72,7 @@ class Plan:
     seq_len: int
     sample_rows: int
     max_new: int
+    rules: tuple = DEFAULT_RULES  # the sharding rule set (`agent.sharding_rules`)
 
 
 def paper_plan(agent: str = "sub") -> Plan:
@@ -81,7 +82,7 @@ def paper_plan(agent: str = "sub") -> Plan:
     model = get_model_config(a.model, **a.model_overrides.to_dict())
     rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
     return Plan(model, a.mesh.to_dict(), a.optim, a.loss, dict(a.loss_hparams), rows, a.micro_batches,
-                a.context_tokens, rows, c.rollout.max_turn_tokens)
+                a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)))
 
 
 def small_plan() -> Plan:
@@ -125,7 +126,7 @@ def _abstract(shape, dtype, sharding):
 
 def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
     optimizer = make_optimizer(plan.optim)
-    graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, DEFAULT_RULES)
+    graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
     step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches)
     bshard = batch_sharding(mesh)
     B, T = plan.train_rows, plan.seq_len
@@ -139,8 +140,8 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
 
 def _sampler_inputs(plan: Plan, mesh: Mesh):
     optimizer = make_optimizer(plan.optim)
-    graphdef, abs_state, _ = abstract_agent_state(plan.model, optimizer, mesh, DEFAULT_RULES)
-    mr = MeshRules(mesh, tuple(DEFAULT_RULES))
+    graphdef, abs_state, _ = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
+    mr = MeshRules(mesh, tuple(plan.rules))
     B, S = plan.sample_rows, plan.seq_len
     shapes = cache_shape(plan.model, B, S)
     shards = cache_shardings(plan.model, B, S, mr)

@@ -161,15 +161,7 @@ def instrument_trainer(trainer: Trainer, timer: ComputeTimer) -> None:
     """Time every agent's sampler calls and policy train steps from outside the trainer."""
     for agent in trainer.agents.values():
         instrument_sampler(agent.sampler, timer, "sampler")
-    original = trainer._policy_step
-    wrapped: dict[str, TimedStep] = {}
-
-    def policy_step(agent):
-        if agent.name not in wrapped:
-            wrapped[agent.name] = TimedStep(original(agent), timer, "train_step")
-        return wrapped[agent.name]
-
-    trainer._policy_step = policy_step
+        agent.policy_step = TimedStep(agent.policy_step, timer, "train_step")
 
 
 # ---------------------------------------------------------------------------------------- RL steps

@@ -1,4 +1,4 @@
-"""Loaders for the real benchmarks' on-disk formats (see `shared/reference/benchmarks.md`).
+"""Loaders for the real benchmarks' on-disk formats, as their publishers ship them (each described below).
 
 - `load_gaia(path)`: a split folder or a metadata file, `metadata.jsonl` (older layout, `Level` an
   integer) or `metadata.parquet` / `metadata.levelN.parquet` (current layout, `Level` a string, extra

@@ -3,7 +3,8 @@
 `chat` is the grammar of `mgrpo_jax.env.protocol` and `mgrpo_jax.env.prompts`, for pretrained checkpoints and
 the pod-scale presets. `compact` (`mgrpo_jax.env.compact.grammar`) writes one token per tag, argument and value,
 e.g. `[ask born_in Varn ]`, so agents of a few hundred thousand parameters can learn it on a laptop CPU
-(DESIGN.md section 4). The rollout engine, the rewards' format gate and the experts only talk to a `Grammar`:
+(README, "The compact miniature"). The rollout engine, the rewards' format gate and the experts only talk to a
+`Grammar`:
 
     grammar = get_grammar(config.env.grammar)
     parsed = grammar.parse_turn(text, allowed_tools=("delegate", "reason"))   # ToolCall | FinalAnswer | FormatError

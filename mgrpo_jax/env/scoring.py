@@ -1,9 +1,8 @@
 """Answer scorers: GAIA's official normalised exact match, XBench's exact-match fast path, and judges.
 
-`gaia_match` follows the leaderboard's `question_scorer` rule for rule (see
-`shared/reference/benchmarks.md` §1.4): numeric gold → strip `$ % ,` and compare floats exactly; gold
-with `,`/`;` → positional list compare; otherwise compare with whitespace, case and ASCII punctuation
-removed. The offline world's gold answers are written in GAIA's answer format, so the world is scored
+`gaia_match` follows the GAIA leaderboard's `question_scorer` rule for rule: numeric gold → strip `$ % ,` and
+compare floats exactly; gold with `,`/`;` → positional list compare; otherwise compare with whitespace, case and
+ASCII punctuation removed. The offline world's gold answers are written in GAIA's answer format, so the world is scored
 with the same function (`world_answer_correct`).
 
 Judges for the LLM-judged benchmarks are any callable `(question, gold, prediction) -> bool`;

@@ -21,6 +21,9 @@ MAX_TURNS = "max_turns"
 CONTEXT_FULL = "context"
 TURN_TOO_LONG = "turn_too_long"
 END_REASONS = (ANSWERED, FORMAT_ERROR, MAX_TURNS, CONTEXT_FULL, TURN_TOO_LONG)
+# `tool_calls[TOOL_ERROR_PREFIX + tool]` counts the calls of `tool` that raised on their model-written arguments
+# and were answered with an error by the rollout engine (kept in `tool_calls` so it crosses job boundaries with it).
+TOOL_ERROR_PREFIX = "error/"
 
 
 @dataclass
@@ -35,7 +38,7 @@ class Episode:
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # decoded assistant turns, for the format gate
-    tool_calls: collections.Counter = field(default_factory=collections.Counter)
+    tool_calls: collections.Counter = field(default_factory=collections.Counter)  # tool -> calls; error/<tool>
     answer: str | None = None
     end_reason: str | None = None
     format_error: str | None = None
@@ -56,6 +59,22 @@ class Episode:
         self.tokens.extend(ids)
         self.loss_mask.extend([1.0 if trained else 0.0] * len(ids))
         self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
+
+    def to_json(self) -> dict:
+        """A sub-agent episode as a JSON object (what crosses a job boundary; `from_json` reads it back). Nested
+        `subs` and the tools' scratch space are not kept."""
+        return {"agent": self.agent, "q": self.question_index, "r": self.rollout, "i": self.invocation,
+                "task": self.task, "call": self.call, "tokens": self.tokens, "loss_mask": self.loss_mask,
+                "logprobs": self.logprobs, "turns": self.turns, "tool_calls": dict(self.tool_calls),
+                "answer": self.answer, "end_reason": self.end_reason, "format_error": self.format_error}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> Episode:
+        return cls(agent=entry.get("agent", "sub"), question_index=entry["q"], rollout=entry["r"],
+                   invocation=entry["i"], task=entry["task"], call=entry["call"], tokens=entry["tokens"],
+                   loss_mask=entry["loss_mask"], logprobs=entry["logprobs"], turns=entry["turns"],
+                   tool_calls=collections.Counter(entry["tool_calls"]), answer=entry["answer"],
+                   end_reason=entry["end_reason"], format_error=entry["format_error"])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The episode as 1-D arrays: tokens, loss_mask, old_logprobs."""
@@ -93,7 +112,14 @@ class RolloutBatch:
                         yield sub
 
     def stats(self) -> dict[str, float]:
-        """Counts for the logs: turns, tool calls, end reasons, generated tokens, d_k."""
+        """Counts for the logs: turns, tool calls, end reasons, generated tokens, d_k. Per agent, per episode:
+
+        `<agent>/tool_calls/<tool>`  calls of each tool
+        `<agent>/tool_errors`        tool calls that raised on their model-written arguments, which the rollout engine
+                                     answered with an error message (always reported; 0 in a healthy run, anything
+                                     else is a tool to fix at the source), and `<agent>/tool_errors/<tool>` per tool
+        `<agent>/end/<reason>`       the fraction of episodes that ended for each reason
+        """
         out: dict[str, float] = {}
         for agent in ("main", "sub", "single"):
             episodes = list(self.episodes(agent))
@@ -106,8 +132,14 @@ class RolloutBatch:
             tools = collections.Counter()
             for e in episodes:
                 tools.update(e.tool_calls)
+            errors = {name[len(TOOL_ERROR_PREFIX):]: count for name, count in tools.items()
+                      if name.startswith(TOOL_ERROR_PREFIX)}
             for name, count in sorted(tools.items()):
-                out[f"{agent}/tool_calls/{name}"] = count / len(episodes)
+                if not name.startswith(TOOL_ERROR_PREFIX):
+                    out[f"{agent}/tool_calls/{name}"] = count / len(episodes)
+            out[f"{agent}/tool_errors"] = sum(errors.values()) / len(episodes)
+            for name, count in sorted(errors.items()):
+                out[f"{agent}/tool_errors/{name}"] = count / len(episodes)
             reasons = collections.Counter(e.end_reason for e in episodes)
             for reason in END_REASONS:
                 out[f"{agent}/end/{reason}"] = reasons.get(reason, 0) / len(episodes)

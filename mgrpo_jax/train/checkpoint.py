@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Mapping
@@ -229,3 +230,25 @@ class PreemptionGuard:
 
         flags = multihost_utils.process_allgather(np.asarray([local], np.int32))
         return bool(np.asarray(flags).any())
+
+
+def init_from_checkpoint(path: str, learners: Mapping[str, Any]) -> int:
+    """Loads every learner's parameters from the latest checkpoint of the run in `path` (stage 2 from stage 1)
+    and gives each a fresh optimizer. Returns the source step."""
+    source_dir = path if "://" in path else os.path.abspath(path)
+    source = Checkpointer(source_dir)
+    step = source.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"config.init_checkpoint={path!r}: no checkpoint under {source_dir}/checkpoints")
+    try:
+        states, _ = source.restore({name: learner.state for name, learner in learners.items()}, step=step)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise ValueError(f"config.init_checkpoint={path!r} (step {step}) does not hold agents "
+                         f"{sorted(learners)} with this run's shapes: {e}") from e
+    finally:
+        source.close()
+    for name, learner in learners.items():
+        learner.state = states[name]
+        learner.reset_optimizer(learner.config.optim)
+    log.info("initialised %s from %s (step %d)", sorted(learners), path, step)
+    return step

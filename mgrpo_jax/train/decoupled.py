@@ -1,4 +1,5 @@
-"""Decoupled mode (DESIGN.md section 3): the main and the sub agent as two jobs sharing nothing but the store.
+"""Decoupled mode: the main and the sub agent as two jobs sharing nothing but the store. Both run the same loop as
+a colocated run (mgrpo_jax/train/trainer.py) over a store exchange instead of the in-process one.
 
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=main --workdir=runs/x --config.store=URL
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=sub  --workdir=runs/x --config.store=URL
@@ -13,14 +14,15 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
         main waits for their answers before its next turn (`MainRole._delegate`, the engine's `sub_executor`).
   sub   claims the pending tasks of step s, runs them with its own sampler and tools in lock-step batches,
         appends each trajectory to its local cache (`workdir/sub/cache/<step>.jsonl`), then answers.
-  main  computes its rewards, commits `main_correct`, `main_reward`, `sub_counts` for step s, trains M.
+  main  judges its rollouts, commits `main_format_ok`, `main_correct`, `main_reward`, `sub_counts` for step s,
+        trains M.
   sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
-        its cache, computes R_S (the expert judge looks the question up by id), aligns to D slots, computes the
-        pooled advantages and trains S on exactly those Q*K*D rows (`mgrpo`), or appends them to the store's
-        FIFO in a seeded random order and trains on every full fixed-size chunk waiting, grouped by arrival
-        (`mgrpo_unsync`, mgrpo_jax/train/unsync.py); then commits its own step record.
+        its cache, judges its calls (the expert judge looks the question up by id), and from there runs the
+        same step as the colocated run (`Trainer.rl_step`: `mgrpo_targets`, then the `mgrpo` / `mgrpo_unsync`
+        update); then commits its own step record.
   The main starts step s + 1 only once the sub has committed step s + 1 - max_lag, so the store's garbage
-  collection (the main keeps the last 4 steps) never removes data the sub has not read.
+  collection (the main keeps the last `decoupled.keep_steps` steps, at least max_lag + 1) never removes data the
+  sub has not read. Every wait gives up after `decoupled.timeout_s` with an error naming what is missing.
 
 At start-up the main publishes its tokenizer (`control/tokenizer.json`) and the sub loads it and checks its
 checksum, so both sides use the same ids. After its last step the main writes `control/done.json`; the sub
@@ -33,7 +35,6 @@ and cached trajectories S's); in `mgrpo_unsync` it is that of the records popped
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
 import json
 import logging
@@ -42,28 +43,23 @@ import time
 
 import numpy as np
 
+from mgrpo_jax.config import validate
+from mgrpo_jax.core import RolloutArrays, main_reward
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.env.scoring import world_answer_correct
-from mgrpo_jax.rollout import rewards
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
+from mgrpo_jax.rollout.rewards import rollout_arrays
 from mgrpo_jax.store import Record, StoreError, StoreTimeout, open_store
 from mgrpo_jax.store.records import seal, unseal
 from mgrpo_jax.store.retry import poll_until
-from mgrpo_jax.train.checkpoint import PreemptionGuard
-from mgrpo_jax.train.trainer import Trainer, _seed
+from mgrpo_jax.train.exchange import Exchange, SubStep
+from mgrpo_jax.train.seeds import derive_seed
+from mgrpo_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_KEY = "control/tokenizer.json"
 DONE_KEY = "control/done.json"
-
-
-def _check(config) -> None:
-    if config.mode not in ("mgrpo", "frozen_sub", "mgrpo_unsync"):
-        raise ValueError(f"--role=main/sub need a two-agent mode (mgrpo, frozen_sub, mgrpo_unsync), not {config.mode}")
-    if config.store.startswith("memory://"):
-        raise ValueError(f"--role=main/sub run as two jobs that share only the store: {config.store} is private to "
-                         "one process; pass --config.store=file:///shared/path or gs://bucket/prefix")
 
 
 def _put(store, key: str, body: dict) -> None:
@@ -79,32 +75,27 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class MainRole(Trainer):
-    """The main job: controller + main agent; delegations go to the sub job through the store."""
+class MainExchange(Exchange):
+    """The main job's side: delegations become task records, the step's judge arrays a committed step record."""
 
-    agent_subset = (MAIN,)
-
-    def __init__(self, config, workdir: str):
-        _check(config)
-        super().__init__(config, os.path.join(workdir, MAIN))
-        self.timeout_s = float(config.decoupled.timeout_s)
-        self.engine.sub_executor = self._delegate
-        if self.checkpointer.latest_step() is None and (self.store.steps() or self.store.kv.list_prefix("fifo/")):
+    def __init__(self, run: Trainer):
+        self.run, self.store, cfg = run, run.store, run.config.decoupled
+        self.timeout_s, self.max_lag, self.keep_steps = float(cfg.timeout_s), int(cfg.max_lag), int(cfg.keep_steps)
+        if run.checkpointer.latest_step() is None and (self.store.steps() or self.store.kv.list_prefix("fifo/")):
             # Tasks are posted create-if-absent: another run's answers would be taken for this run's.
-            raise ValueError(f"the store {config.store} holds another run's steps {self.store.steps()[:5]} but "
-                             f"{self.workdir} has no checkpoint to resume: use a fresh store URL or empty it")
+            raise ValueError(f"the store {self.store.url} holds another run's steps {self.store.steps()[:5]} but "
+                             f"{run.workdir} has no checkpoint to resume: use a fresh store URL or empty it")
         self.store.kv.delete(DONE_KEY)  # a previous run's end marker must not stop this run's sub job
-        proto = self.tokenizer.serialize()
+        proto = run.tokenizer.serialize()
         _put(self.store, TOKENIZER_KEY, {"model": base64.b64encode(proto).decode(), "model_sha256": _sha(proto)})
-        self._evaluation_warned = False
 
-    def _delegate(self, spawned: list[Episode], questions) -> list[Episode]:
+    def delegate(self, spawned: list[Episode], questions) -> list[Episode]:
         """The engine's sub executor: post this iteration's delegations, wait for every answer."""
-        version = int(self.agents[MAIN].state.step)
-        tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, version,
+        version = int(self.run.agents[MAIN].state.step)
+        tasks = [Record("task", self.run.step, e.question_index, e.rollout, e.invocation, version,
                         {**e.call, "question_id": questions[e.question_index].id}) for e in spawned]
         ids = self.store.tasks.post(tasks)
-        answers = self.store.tasks.wait_answers(self.step, ids, timeout_s=self.timeout_s)
+        answers = self.store.tasks.wait_answers(self.run.step, ids, timeout_s=self.timeout_s)
         for episode, rid in zip(spawned, ids, strict=True):
             reply = answers[rid].payload
             episode.answer = reply["answer"]
@@ -113,54 +104,46 @@ class MainRole(Trainer):
             episode.tool_calls.update(reply["tool_calls"])
         return spawned
 
-    def rl_step(self) -> dict:
+    def before_step(self, step):
         start = time.perf_counter()
-        lag = int(self.config.decoupled.max_lag)
-        if self.step >= lag:
-            self.store.wait_step(self.step - lag, SUB, timeout_s=self.timeout_s)
-        waited = time.perf_counter() - start
-        metrics = super().rl_step()
-        metrics["time/wait_sub_s"] = waited
-        return metrics
+        if step >= self.max_lag:
+            self.store.wait_step(step - self.max_lag, SUB, timeout_s=self.timeout_s)
+        return {"time/wait_sub_s": time.perf_counter() - start}
 
-    def evaluate(self) -> dict:
-        if not self._evaluation_warned:
-            log.warning("decoupled main job: evaluation needs the sub agent and is skipped; evaluate the "
-                        "checkpoints of both jobs with a colocated run")
-            self._evaluation_warned = True
-        return {}
+    def publish(self, step, rollout, arrays):
+        writer = self.store.step_writer(step, MAIN, int(self.run.agents[MAIN].state.step))
+        writer.put_array("main_format_ok", np.asarray(arrays.format_ok))
+        writer.put_array("main_correct", np.asarray(arrays.correct))
+        writer.put_array("main_reward", np.asarray(main_reward(arrays.format_ok, arrays.correct,
+                                                               self.run.targets_config.alpha)))
+        writer.put_array("sub_counts", np.asarray(arrays.counts))
+        writer.commit()
 
-    def run(self) -> dict:
-        summary = super().run()
-        if self.step >= self.config.train.steps:
-            _put(self.store, DONE_KEY, {"steps": self.step})
-        return summary
+    def end_step(self, step):
+        self.store.gc(keep_last=self.keep_steps)
+
+    def finish(self, steps):
+        _put(self.store, DONE_KEY, {"steps": steps})
 
 
-class SubRole(Trainer):
-    """The sub job: serves the main job's delegations with its own sampler and tools, then trains on them."""
+class SubExchange(Exchange):
+    """The sub job's side: serves the main job's delegations with its own sampler and tools, caching each
+    trajectory locally, until the main job commits the step; then hands the cached step to the run loop."""
 
-    agent_subset = (SUB,)
-
-    def __init__(self, config, workdir: str):
-        _check(config)
-        workdir = os.path.join(workdir, SUB)
-        self.timeout_s = float(config.decoupled.timeout_s)
-        published = self._main_tokenizer(open_store(config.store), workdir, config)
-        super().__init__(config, workdir)
-        if _sha(self.tokenizer.serialize()) != published["model_sha256"]:
-            raise ValueError(f"the sub job's tokenizer ({config.tokenizer.path or workdir}) differs from the main "
-                             f"job's ({config.store}{TOKENIZER_KEY}): the two agents would not share token ids")
-        self.worker = config.decoupled.worker
-        self.cache_dir = os.path.join(workdir, "cache")
+    def __init__(self, run: Trainer):
+        self.run, self.store = run, run.store
+        self.timeout_s = float(run.config.decoupled.timeout_s)
+        self.worker = run.config.decoupled.worker
+        self.cache_dir = os.path.join(run.workdir, "cache")
         os.makedirs(self.cache_dir, exist_ok=True)
-        self.question_by_id = {q.id: q for _, split in self.env.questions.items() for q in split}
+        self.question_by_id = {q.id: q for _, split in run.env.questions.items() for q in split}
 
-    def _main_tokenizer(self, store, workdir: str, config) -> dict:
+    @staticmethod
+    def main_tokenizer(store, workdir: str, config, timeout_s: float) -> dict:
         """Waits for the main job's tokenizer; unless a path is configured, saves it where build_tokenizer looks."""
-        published = poll_until(lambda: _get(store, TOKENIZER_KEY), self.timeout_s, store.poll)
+        published = poll_until(lambda: _get(store, TOKENIZER_KEY), timeout_s, store.poll)
         if published is None:
-            raise StoreTimeout(f"timed out after {self.timeout_s:g}s waiting for the main job's tokenizer: missing "
+            raise StoreTimeout(f"timed out after {timeout_s:g}s waiting for the main job's tokenizer: missing "
                                f"{store.url}{TOKENIZER_KEY} (is the --role=main job running on this store?)",
                                url=store.url, missing=(TOKENIZER_KEY,))
         path = os.path.join(workdir, "tokenizer.model")
@@ -188,40 +171,33 @@ class SubRole(Trainer):
                 except json.JSONDecodeError:  # a line cut short by a crash: that task is served again
                     log.warning("skipping a partial line in %s", self._cache_path(step))
                     continue
-                episode = Episode(agent=SUB, question_index=entry["q"], rollout=entry["r"], invocation=entry["i"],
-                                  task=entry["task"], call=entry["call"], tokens=entry["tokens"],
-                                  loss_mask=entry["loss_mask"], logprobs=entry["logprobs"], turns=entry["turns"],
-                                  tool_calls=collections.Counter(entry["tool_calls"]), answer=entry["answer"],
-                                  end_reason=entry["end_reason"], format_error=entry["format_error"])
-                cache[(entry["q"], entry["r"], entry["i"])] = (episode, entry["version"], entry["question_id"])
+                cache[(entry["q"], entry["r"], entry["i"])] = (Episode.from_json(entry), entry["version"],
+                                                               entry["question_id"])
         return cache
 
     def _append_cache(self, step: int, served: list) -> None:
         with open(self._cache_path(step), "a") as f:
             for episode, version, question_id in served:
-                f.write(json.dumps({
-                    "q": episode.question_index, "r": episode.rollout, "i": episode.invocation, "version": version,
-                    "question_id": question_id, "task": episode.task, "call": episode.call, "tokens": episode.tokens,
-                    "loss_mask": episode.loss_mask, "logprobs": episode.logprobs, "turns": episode.turns,
-                    "tool_calls": dict(episode.tool_calls), "answer": episode.answer,
-                    "end_reason": episode.end_reason, "format_error": episode.format_error}) + "\n")
+                f.write(json.dumps({**episode.to_json(), "version": version, "question_id": question_id}) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
-    def _prune_cache(self, before_step: int) -> None:
+    def after_save(self, checkpoint_steps):
+        # The newest checkpoint may still be in flight (a kill now resumes from the one before it).
+        before_step = ([0, 0] + list(checkpoint_steps))[-2]
         for name in os.listdir(self.cache_dir):
             if name.endswith(".jsonl") and int(name.split(".")[0]) < before_step:
                 os.remove(os.path.join(self.cache_dir, name))
 
     # -- serving -----------------------------------------------------------------------------------------
 
-    def _serve(self, step: int, tasks: list[Record], cache: dict, timings: dict) -> int:
+    def _serve(self, step: int, tasks: list[Record], cache: dict, version: int, timings: dict) -> int:
         """Runs the claimed tasks' sub-agent episodes (those not already cached), caches them, answers all."""
-        version = int(self.agents[SUB].state.step)
+        engine = self.run.engine
         fresh = [t for t in tasks if (t.query, t.rollout, t.invocation) not in cache]
-        episodes = [self.engine.start_sub(t.payload["task"], t.payload["context"], question_index=t.query,
-                                          rollout=t.rollout, invocation=t.invocation) for t in fresh]
-        self.engine.run_subs(episodes, _seed(self.config.seed, "serve", step, len(cache)), timings)
+        episodes = [engine.start_sub(t.payload["task"], t.payload["context"], question_index=t.query,
+                                     rollout=t.rollout, invocation=t.invocation) for t in fresh]
+        engine.run_subs(episodes, derive_seed(self.run.config.seed, "serve", step, len(cache)), timings)
         served = [(e, version, t.payload["question_id"]) for e, t in zip(episodes, fresh, strict=True)]
         self._append_cache(step, served)  # before answering: an answered task always has its trajectory here
         for entry in served:
@@ -246,11 +222,8 @@ class SubRole(Trainer):
             return "done", None
         return None
 
-    def sub_step(self) -> dict | None:
-        """Serves step `self.step`, then trains on it once the main job has committed it; None if the main
-        job finished without this step."""
-        cfg, step = self.config, self.step
-        t0 = time.perf_counter()
+    def receive(self, step, version):
+        start = time.perf_counter()
         timings = {"sampling_s": 0.0, "tools_s": 0.0}
         cache = self._load_cache(step)
         served = 0
@@ -267,35 +240,26 @@ class SubRole(Trainer):
             if kind == "commit":
                 view = value
                 break
-            served += self._serve(step, value, cache, timings)
-        t1 = time.perf_counter()
-
-        main_correct = view.array("main_correct")
+            served += self._serve(step, value, cache, version, timings)
         counts = view.array("sub_counts")
         rollout, keys = self._cached_rollout(step, counts, cache)
-        inputs = rewards.reward_inputs(rollout, world_answer_correct, self.env.judge.score, (), self._sub_tools(),
-                                       self.engine.grammar)
-        adv_kw = dict(scale=cfg.advantages.scale, baseline=cfg.advantages.baseline, eps=cfg.advantages.eps)
-        version = int(self.agents[SUB].state.step)
-        metrics = {"sub/served": served, "sub/main_correct": float(main_correct.mean()),
-                   "sub/main_version": view.policy_version}
+        run = self.run
+        own = rollout_arrays(rollout, world_answer_correct, run.env.judge.score, (), run.engine.sub.tool_names,
+                             run.engine.grammar, calls=run.config.rollout.max_sub_calls)
+        correct = view.array("main_correct")
+        # The sub-agent's targets never read the main agent's format gate (a main job from before it was published
+        # leaves it out); it is carried for completeness.
+        has_format = "main_format_ok" in view.array_names
+        format_ok = view.array("main_format_ok") if has_format else np.ones(counts.shape, bool)
+        arrays = RolloutArrays(format_ok, correct, own.sub_format_ok, own.sub_expert, own.counts)
+        versions = {key: cache[key][1] for key in keys}
+        metrics = {"sub/served": served, "sub/main_correct": float(correct.mean()),
+                   "sub/main_version": view.policy_version, **{f"time/{k}": v for k, v in timings.items()},
+                   "time/serve_s": time.perf_counter() - start}
         metrics.update({k: v for k, v in rollout.stats().items() if k.startswith("sub/")})
-        sampled = {key: cache[key][1] for key in keys}
-        if sampled:
-            metrics["sub/staleness"] = float(np.mean([version - v for v in sampled.values()]))
-        # mgrpo_unsync: the same FIFO path as the colocated trainer (Trainer._unsync_rows, train/unsync.py), with
-        # each record's own sampling version; its `sub/staleness` (of the popped records) replaces the one above.
-        sub_metrics, sub_batches = self._sub_side(rollout, inputs, main_correct, counts, adv_kw, versions=sampled)
-        metrics.update(sub_metrics)
-        t2 = time.perf_counter()
-        agent = self.agents[SUB]
-        if sub_batches and agent.trainable:
-            metrics.update(self._train(agent, sub_batches))
-        self.store.step_writer(step, SUB, version).commit({"served": served})
-        t3 = time.perf_counter()
-        timings.update({"serve_s": t1 - t0, "rewards_s": t2 - t1, "training_s": t3 - t2, "step_s": t3 - t0})
-        metrics.update({f"time/{k}": v for k, v in timings.items()})
-        return metrics
+        if versions:
+            metrics["sub/staleness"] = float(np.mean([version - v for v in versions.values()]))
+        return SubStep(rollout, arrays, versions, metrics)
 
     def _cached_rollout(self, step: int, counts: np.ndarray, cache: dict) -> tuple[RolloutBatch, list]:
         """The step's sub-trajectories in the [Q][K][d_k] layout the main job's `sub_counts` describe."""
@@ -315,36 +279,37 @@ class SubRole(Trainer):
             questions[q] = self.question_by_id[question_id]
         return RolloutBatch(questions, top), keys
 
-    # -- the run -----------------------------------------------------------------------------------------
+    def commit(self, step, version, served):
+        self.store.step_writer(step, SUB, version).commit({"served": served})
 
-    def run(self) -> dict:
-        cfg = self.config
-        summary = {}
-        with PreemptionGuard() as guard:
-            if not self.restore() and not self.warm_started:
-                if not self.warm_start(guard):
-                    return {}
-                self.save(force=True)
-            while self.step < cfg.train.steps:
-                metrics = self.sub_step()
-                if metrics is None:
-                    log.info("the main job finished before step %d: stopping", self.step + 1)
-                    break
-                self.step += 1
-                self.writer.write(self.step, metrics)
-                summary = metrics
-                log.info("sub step %d | reward %.3f | served %d | staleness %.1f | %.1f s", self.step,
-                         metrics.get("sub/reward", float("nan")), metrics["sub/served"],
-                         metrics.get("sub/staleness", 0.0), metrics["time/step_s"])
-                stop = guard.should_stop()
-                self.save(force=stop or self.step == cfg.train.steps)
-                # The newest checkpoint may still be in flight (a kill now resumes from the one before it).
-                self._prune_cache(([0, 0] + self.checkpointer.all_steps())[-2])
-                if stop:
-                    log.warning("preempted at step %d: checkpoint written, exiting", self.step)
-                    break
-        self.checkpointer.wait()
-        if self.is_main_process:
-            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=1, sort_keys=True)
-        return summary
+
+class MainRole(Trainer):
+    """The main job: controller + main agent; delegations go to the sub job through the store."""
+
+    agent_subset = (MAIN,)
+
+    def __init__(self, config, workdir: str):
+        validate(config, role="main")
+        super().__init__(config, os.path.join(workdir, MAIN))
+
+    def make_exchange(self) -> Exchange:
+        return MainExchange(self)
+
+
+class SubRole(Trainer):
+    """The sub job: serves the main job's delegations with its own sampler and tools, then trains on them."""
+
+    agent_subset = (SUB,)
+
+    def __init__(self, config, workdir: str):
+        validate(config, role="sub")
+        workdir = os.path.join(workdir, SUB)
+        timeout_s = float(config.decoupled.timeout_s)
+        self.published = SubExchange.main_tokenizer(open_store(config.store), workdir, config, timeout_s)
+        super().__init__(config, workdir)
+        if _sha(self.tokenizer.serialize()) != self.published["model_sha256"]:
+            raise ValueError(f"the sub job's tokenizer ({config.tokenizer.path or workdir}) differs from the main "
+                             f"job's ({config.store}{TOKENIZER_KEY}): the two agents would not share token ids")
+
+    def make_exchange(self) -> Exchange:
+        return SubExchange(self)

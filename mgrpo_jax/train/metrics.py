@@ -287,3 +287,11 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
     os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
     fig.savefig(png_path, format="png")
     return list(series)
+
+
+def write_summary(workdir: str, summary: Mapping[str, Any], curve_keys: Sequence[str] = ()) -> None:
+    """`summary.json` (the last step's metrics) and, given `curve_keys`, their curves as `rewards.png`."""
+    if curve_keys:
+        plot_curves(os.path.join(workdir, "metrics.jsonl"), list(curve_keys), os.path.join(workdir, "rewards.png"))
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(dict(summary), f, indent=1, sort_keys=True)

@@ -1,5 +1,5 @@
-"""Assembles a run from its config: the environment, the tokenizer, each agent (model, mesh, train state,
-sampler) and the rollout engine. The trainer and the notebooks start here."""
+"""Assembles a run from its config: the environment, the tokenizer, each agent's `Learner` (model, mesh, train
+state, sampler, train steps) and the rollout engine. The trainer and the notebooks start here."""
 
 from __future__ import annotations
 
@@ -27,11 +27,12 @@ from mgrpo_jax.env.tools import (
     sub_agent_toolbox,
 )
 from mgrpo_jax.env.world import WorldConfig
-from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
+from mgrpo_jax.model import get_model_config, get_rules, make_mesh
 from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.tokenizer import Tokenizer
-from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_params, model_from_state
+from mgrpo_jax.train.learner import Learner
+from mgrpo_jax.train.state import create_agent_state, model_from_state
 
 log = logging.getLogger(__name__)
 
@@ -142,45 +143,23 @@ def agent_devices(names: Sequence[str]) -> dict[str, list]:
     return {name: jax.devices() for name in names}
 
 
-@dataclasses.dataclass
-class Agent:
-    """One agent's model, mesh, train state and sampler. `state` is donated by every train step, so the
-    sampler is re-pointed at the new parameters after each update (`Agent.publish`)."""
-
-    name: str
-    config: ml_collections.ConfigDict
-    model_config: object
-    mesh: object
-    graphdef: object
-    state: object
-    sharding: object
-    sampler: Sampler
-    trainable: bool = True
-
-    def publish(self) -> None:
-        self.sampler.update_weights(self.state.params)
-
-    def reset_optimizer(self, optim_cfg) -> None:
-        """Keep the parameters, start a fresh optimizer (warm start -> RL)."""
-        self.graphdef, self.state, self.sharding = create_agent_state_from_params(
-            self.model_config, self.state.params, optim_cfg, self.mesh, DEFAULT_RULES)
-        self.publish()
+Agent = Learner  # the name this class had before it got its train steps
 
 
-def build_agent(name: str, agent_cfg, tokenizer: Tokenizer, devices, seed: int, optim_cfg=None) -> Agent:
+def build_agent(name: str, agent_cfg, tokenizer: Tokenizer, devices, seed: int, optim_cfg=None) -> Learner:
     overrides = dict(agent_cfg.model_overrides.to_dict())
     overrides.setdefault("vocab_size", tokenizer.vocab_size)
     model_config = get_model_config(agent_cfg.model, **overrides)
     if model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"{name}: model vocab {model_config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
     mesh = make_mesh(agent_cfg.mesh.to_dict(), devices)
-    graphdef, state, sharding = create_agent_state(model_config, optim_cfg or agent_cfg.optim, mesh, DEFAULT_RULES,
-                                                   seed=seed)
+    rules = get_rules(agent_cfg.get("sharding_rules", "default"))
+    graphdef, state, sharding = create_agent_state(model_config, optim_cfg or agent_cfg.optim, mesh, rules, seed=seed)
     sampler = Sampler(model_from_state(graphdef, state), pad_id=tokenizer.pad_id,
                       decode_phases=agent_cfg.decode_phases)
     log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.model, model_config.num_params() / 1e6,
              dict(mesh.shape))
-    return Agent(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler)
+    return Learner(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler, rules)
 
 
 def agent_names(mode: str) -> tuple[str, ...]:
@@ -214,7 +193,7 @@ def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list
     raise ValueError(f"no device count divides batches of {rows} rows with fixed mesh axes of size {fixed_axes}")
 
 
-def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None) -> dict[str, Agent]:
+def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
     """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run)."""
     names = agent_names(config.mode)
     devices = agent_devices([n for n in names if only is None or n in only])
@@ -234,7 +213,7 @@ def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None
 
 
 def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment | CompactEnvironment,
-                 agents: dict[str, Agent], sub_executor=None) -> RolloutEngine:
+                 agents: dict[str, Learner], sub_executor=None) -> RolloutEngine:
     """The rollout engine; an agent missing from `agents` (the other job's, in decoupled mode) gets a runtime
     without a sampler: its prompt and tools are known here, its turns are not sampled here."""
     limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,

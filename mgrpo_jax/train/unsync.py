@@ -1,8 +1,8 @@
-"""The unsynchronised ablation (`mode = "mgrpo_unsync"`, DESIGN.md section 2): the sub-agent trains from a
+"""The unsynchronised ablation (`mode = "mgrpo_unsync"`): the sub-agent trains from a
 FIFO of its trajectories, grouped by arrival rather than by query, as the authors' released code does.
 
-One function, `unsync_step`, is the whole sub-agent side of an RL step in this mode; the colocated trainer
-(`Trainer._unsync_rows`) and the decoupled sub job (`SubRole`, through the same method) both call it.
+One function, `unsync_step`, is the whole sub-agent side of an RL step in this mode; the run loop calls it from
+`mgrpo_jax/train/sides.py: sub_rows`, colocated or in the decoupled sub job alike.
 
 **Push.** Every real sub-trajectory of the step goes to the FIFO once: each (query, rollout, invocation)
 with its own R_S, no alignment (no duplicates for d_k < D, nothing dropped for d_k > D: alignment is the
@@ -33,32 +33,26 @@ the number of records left waiting after the step's pops.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 
 from mgrpo_jax.core import group_advantages
-from mgrpo_jax.rollout import batches, rewards
+from mgrpo_jax.rollout import batches
 from mgrpo_jax.store import Record
 
 RECORD_KIND = "sub_trajectory"
 
 
-def step_records(rollout, inputs, main_correct, beta, step: int, versions, temperature: float) -> list[Record]:
+def step_records(rollout, call_reward, step: int, versions, temperature: float) -> list[Record]:
     """Every real sub-trajectory of the step as a FIFO record, in (query, rollout, invocation) order.
 
-    `inputs` are the step's `rewards.RewardInputs`, `main_correct` [Q, K] the main agent's correctness, `beta`
-    the sub reward weights. `versions` is the sub policy version that sampled each trajectory: one int for
-    all, or a mapping (query, rollout, invocation) -> version. Payload: tokens, loss_mask, old_logprobs,
-    temperature, reward.
+    `call_reward` [Q, K, C] is each raw call's R_S (`Targets.sub_call_reward`: no alignment, every call once).
+    `versions` is the sub policy version that sampled each trajectory: one int for all, or a mapping
+    (query, rollout, invocation) -> version. Payload: tokens, loss_mask, old_logprobs, temperature, reward.
     """
-    counts = rollout.sub_counts()
-    d = int(counts.max(initial=0))
-    if d == 0:
-        return []
-    index = np.broadcast_to(np.arange(d, dtype=np.int32), counts.shape + (d,))  # identity: every call once
-    weight = (index < counts[..., None]).astype(np.float32)
-    sub_r = rewards.aligned_sub_rewards(inputs, main_correct, index, weight, beta)
+    call_reward = np.asarray(call_reward)
     out = []
     for qi, row in enumerate(rollout.top):
         for ki, episode in enumerate(row):
@@ -67,7 +61,7 @@ def step_records(rollout, inputs, main_correct, beta, step: int, versions, tempe
                 out.append(Record(RECORD_KIND, int(step), qi, ki, j, int(version), {
                     "tokens": list(sub.tokens), "loss_mask": list(sub.loss_mask),
                     "old_logprobs": list(sub.logprobs), "temperature": float(temperature),
-                    "reward": float(sub_r[qi, ki, j])}))
+                    "reward": float(call_reward[qi, ki, j])}))
     return out
 
 
@@ -98,9 +92,10 @@ def pop_chunks(consumer, chunk: int, timeout_s: float = 5.0) -> tuple[list[list[
     return [popped[i * chunk:(i + 1) * chunk] for i in range(n)], backlog - n * chunk
 
 
-def arrival_advantages(rewards_, group: int, **adv_kw) -> np.ndarray:
-    """Advantages of records in arrival order: consecutive runs of `group` records are z-scored together
-    (`core.group_advantages` with `adv_kw`); a shorter trailing run is scored over its own members."""
+def arrival_advantages(rewards_, group: int, estimator=None, **adv_kw) -> np.ndarray:
+    """Advantages of records in arrival order: consecutive runs of `group` records form one group of `estimator`
+    (`fn(rewards [G, N], weights [G, N])`, e.g. `TargetsConfig.advantages`; default `core.group_advantages`
+    with `adv_kw`); a shorter trailing run is scored over its own members."""
     r = np.asarray(rewards_, np.float32).reshape(-1)
     n = r.size
     if n == 0:
@@ -112,7 +107,8 @@ def arrival_advantages(rewards_, group: int, **adv_kw) -> np.ndarray:
     padded = np.zeros(groups * group, np.float32)
     padded[:n] = r
     valid = (np.arange(groups * group) < n).astype(np.float32)
-    adv = group_advantages(padded.reshape(groups, group), valid.reshape(groups, group), **adv_kw)
+    estimator = estimator or functools.partial(group_advantages, **adv_kw)
+    adv = estimator(padded.reshape(groups, group), valid.reshape(groups, group))
     return np.asarray(adv).reshape(-1)[:n].astype(np.float32)
 
 
@@ -123,13 +119,13 @@ def staleness(chunks: Sequence[Sequence[Record]], start_version: int, passes: in
 
 
 def unsync_step(fifo, consumer, records: Sequence[Record], *, chunk: int, group: int, seed: int,
-                start_version: int, passes: int, seq_len_limit: int, pad_id: int, adv_kw: dict,
+                start_version: int, passes: int, seq_len_limit: int, pad_id: int, advantages=None,
                 timeout_s: float = 5.0) -> tuple[list[dict], dict]:
     """Push the step's records (shuffled), pop every full chunk, score each chunk's arrival groups.
 
-    Returns (one policy batch per chunk, oldest first, each with `chunk` rows and a `temperature` column;
-    metrics: `sub/fifo_pushed`, `sub/fifo_popped`, `sub/fifo_backlog`, `sub/unsync_chunks`, and
-    `sub/staleness` when something was popped).
+    `advantages`: the estimator over [G, N] groups (default: `core.group_advantages`). Returns (one policy batch
+    per chunk, oldest first, each with `chunk` rows and a `temperature` column; metrics: `sub/fifo_pushed`,
+    `sub/fifo_popped`, `sub/fifo_backlog`, `sub/unsync_chunks`, and `sub/staleness` when something was popped).
     """
     pushed = push(fifo, records, seed)
     chunks, backlog = pop_chunks(consumer, chunk, timeout_s)
@@ -141,7 +137,7 @@ def unsync_step(fifo, consumer, records: Sequence[Record], *, chunk: int, group:
     out = []
     for popped in chunks:
         payloads = [r.payload for r in popped]
-        adv = arrival_advantages([p["reward"] for p in payloads], group, **adv_kw)
+        adv = arrival_advantages([p["reward"] for p in payloads], group, advantages)
         seq_len = batches.bucket_length([len(p["tokens"]) for p in payloads], seq_len_limit)
         out.append(batches.record_rows(payloads, adv, seq_len, pad_id))
     return out, metrics

@@ -14,7 +14,7 @@ from mgrpo_jax.env.scoring import (
     xbench_fast_path,
 )
 
-# The reference notes' table of GAIA scorer consequences (shared/reference/benchmarks.md §1.4).
+# What GAIA's official `question_scorer` makes of typical answers: (model answer, gold, counted correct).
 GAIA_TABLE = [
     ("17", "17", True), (" 17 ", "17", True), ("$17", "17", True), ("17%", "17", True), ("17.0", "17", True),
     ("1.7e1", "17", True), ("17,000", "17", False), ("17 thousand", "17", False), ("1/10", "0.1", False),

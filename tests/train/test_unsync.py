@@ -3,11 +3,12 @@ popped (bounded backlog), arrival groups, staleness, and every real sub-trajecto
 
 import itertools
 
+import jax
 import numpy as np
 import pytest
 
+from mgrpo_jax.core import RolloutArrays, TargetsConfig, mgrpo_targets
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
-from mgrpo_jax.rollout.rewards import RewardInputs
 from mgrpo_jax.store import Record, open_store
 from mgrpo_jax.train import unsync
 
@@ -43,7 +44,7 @@ def test_backlog_stays_below_one_chunk_whatever_the_push_counts():
         records = _records(step, count, version, rng)
         chunks, m = unsync.unsync_step(fifo, consumer, records, chunk=chunk, group=group, seed=step,
                                        start_version=version, passes=passes, seq_len_limit=64, pad_id=0,
-                                       adv_kw=ADV)
+                                       advantages=TargetsConfig().advantages)
         pushed += count
         popped += int(m["sub/fifo_popped"])
         assert m["sub/fifo_pushed"] == count
@@ -74,7 +75,7 @@ def test_a_popped_group_mixes_queries_and_the_order_is_seeded():
 
     fifo, consumer = _fifo()
     chunks, m = unsync.unsync_step(fifo, consumer, records, chunk=16, group=group, seed=12345, start_version=0,
-                                   passes=1, seq_len_limit=64, pad_id=0, adv_kw=ADV)
+                                   passes=1, seq_len_limit=64, pad_id=0, advantages=TargetsConfig().advantages)
     assert m["sub/fifo_popped"] == 32 and m["sub/fifo_backlog"] == 0
     arrived = consumer.fifo.consumer("reader").peek(32, timeout_s=0)  # the FIFO's order = arrival order
     assert [(r.query, r.rollout) for r in arrived] == [(records[i].query, records[i].rollout) for i in order]
@@ -108,7 +109,7 @@ def test_staleness_on_a_hand_made_example():
 def test_staleness_through_the_fifo():
     fifo, consumer = _fifo()
     rng = np.random.default_rng(2)
-    kw = dict(chunk=4, group=2, seq_len_limit=64, pad_id=0, adv_kw=ADV)
+    kw = dict(chunk=4, group=2, seq_len_limit=64, pad_id=0, advantages=TargetsConfig().advantages)
     # Step 0: 6 records sampled by version 0; one chunk trained at version 0 (gap 0), 2 records left.
     chunks, m = unsync.unsync_step(fifo, consumer, _records(0, 6, 0, rng), seed=0, start_version=0, passes=2, **kw)
     assert (len(chunks), m["sub/staleness"], m["sub/fifo_backlog"]) == (1, 0.0, 2)
@@ -129,6 +130,23 @@ def _episode(q, k, subs):
     return main
 
 
+def _arrays(fmt, expert, correct) -> RolloutArrays:
+    """The judge arrays of ragged [Q][K][d_k] sub-call verdicts, padded to the widest rollout."""
+    counts = np.asarray([[len(calls) for calls in row] for row in fmt], np.int32)
+    width = max(int(counts.max()), 1)
+    sub_format = np.zeros(counts.shape + (width,), bool)
+    sub_expert = np.zeros(counts.shape + (width,), np.float32)
+    for q, row in enumerate(fmt):
+        for k, calls in enumerate(row):
+            sub_format[q, k, :len(calls)] = calls
+            sub_expert[q, k, :len(calls)] = expert[q][k]
+    return RolloutArrays(np.ones(counts.shape, bool), np.asarray(correct, np.float32), sub_format, sub_expert, counts)
+
+
+def _call_reward(arrays, beta=(0.1, 0.4, 0.5)):
+    return np.asarray(mgrpo_targets(arrays, jax.random.key(0), TargetsConfig(beta=beta, d_max=2)).sub_call_reward)
+
+
 def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
     # d_k = 3, 0, 1, 5: no duplicates for small d_k and nothing dropped for d_k above any D.
     sub_lengths = [[[2, 3, 4], []], [[5], [1, 2, 3, 4, 6]]]
@@ -136,11 +154,10 @@ def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
     rollout = RolloutBatch([None, None], top)
     fmt = [[[True, False, True], []], [[True], [True] * 5]]
     expert = [[[1.0, 1.0, 0.5], []], [[0.0], [0.2, 0.4, 0.6, 0.8, 1.0]]]
-    inputs = RewardInputs(np.ones((2, 2), bool), np.zeros((2, 2), np.float32), fmt, expert)
     main_correct = np.asarray([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    call_reward = _call_reward(_arrays(fmt, expert, main_correct))
     versions = {(q, k, i): 10 * q + k + i for q in range(2) for k in range(2) for i in range(5)}
-    records = unsync.step_records(rollout, inputs, main_correct, (0.1, 0.4, 0.5), step=3, versions=versions,
-                                  temperature=0.7)
+    records = unsync.step_records(rollout, call_reward, step=3, versions=versions, temperature=0.7)
     assert [(r.query, r.rollout, r.invocation) for r in records] == [
         (0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 1, 4)]
     for r in records:
@@ -151,18 +168,20 @@ def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
         assert r.payload["temperature"] == 0.7
         assert r.payload["tokens"] == top[q][k].subs[i].tokens
         assert len(r.payload["old_logprobs"]) == len(r.payload["loss_mask"]) == len(r.payload["tokens"])
-    same = unsync.step_records(rollout, inputs, main_correct, (0.1, 0.4, 0.5), step=3, versions=4, temperature=1.0)
+    same = unsync.step_records(rollout, call_reward, step=3, versions=4, temperature=1.0)
     assert {r.policy_version for r in same} == {4}
     empty = RolloutBatch([None], [[_episode(0, 0, [])]])
-    assert unsync.step_records(empty, inputs, main_correct, (0.1, 0.4, 0.5), 0, 0, 1.0) == []
+    assert unsync.step_records(empty, np.zeros((1, 1, 1)), 0, 0, 1.0) == []
 
 
 @pytest.mark.slow
 def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
-    """The colocated trainer's path (Trainer._sub_side -> _unsync_rows -> _train) on sub-trajectories sampled
+    """The run loop's sub side (`sides.sub_rows` -> `unsync.unsync_step` -> `Learner.train`) on sub-trajectories sampled
     by the sub agent's own sampler at the rollout temperature: a chunk of fresh records trains at ratio 1, and
     the FIFO keeps up with varying delegation counts."""
     from mgrpo_jax.config import get_config
+    from mgrpo_jax.train import sides
+    from mgrpo_jax.train.exchange import SubStep
     from mgrpo_jax.train.trainer import Trainer
 
     config = get_config("xbench", "smoke,mgrpo_unsync")
@@ -174,9 +193,13 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
     sub = trainer.agents["sub"]
     rng = np.random.default_rng(0)
     q_count, k_count = config.rollout.queries, config.rollout.samples
-    adv_kw = dict(scale="group", baseline="mean", eps=1e-6)
 
-    def rollout_with(counts):
+    def sub_side(rollout, arrays):
+        targets = jax.device_get(mgrpo_targets(arrays, jax.random.key(trainer.step), trainer.targets_config))
+        stats = {k: float(v) for k, v in targets.stats.items()}
+        return sides.sub_rows(trainer, SubStep(rollout, arrays, int(sub.state.step)), targets, stats)
+
+    def rollout_with(counts, main_correct):
         prompts = [list(rng.integers(5, 200, int(rng.integers(4, 9)))) for _ in range(int(counts.sum()))]
         out = sub.sampler.sample(prompts, max_new=8, rng=int(rng.integers(1 << 30)),
                                  temperature=config.rollout.temperature)
@@ -195,19 +218,16 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
                 top[q].append(main)
         fmt = [[[True] * c for c in row] for row in counts]
         expert = [[list(rng.random(c)) for c in row] for row in counts]
-        inputs = RewardInputs(np.ones((q_count, k_count), bool), np.zeros((q_count, k_count), np.float32), fmt,
-                              expert)
-        return RolloutBatch([None] * q_count, top), inputs
+        return RolloutBatch([None] * q_count, top), _arrays(fmt, expert, main_correct)
 
     # Step 0: exactly one chunk of fresh records: trained on-policy.
     counts = np.zeros((q_count, k_count), np.int32)
     counts.flat[:chunk] = 1
-    rollout, inputs = rollout_with(counts)
     main_correct = np.asarray(rng.random((q_count, k_count)) > 0.5, np.float32)
-    out, chunks = trainer._sub_side(rollout, inputs, main_correct, counts, adv_kw)
+    out, chunks = sub_side(*rollout_with(counts, main_correct))
     assert len(chunks) == 1 and out["sub/staleness"] == 0.0 and out["sub/fifo_backlog"] == 0
     np.testing.assert_array_equal(chunks[0]["temperature"], np.float32(0.7))
-    metrics = trainer._train(sub, chunks)
+    metrics = sub.train(chunks)
     assert metrics["sub/train/ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["sub/train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["sub/train/clip_frac"] == 0.0
@@ -217,13 +237,12 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
     for step in range(1, 6):
         trainer.step = step
         counts = rng.integers(0, 4, (q_count, k_count)).astype(np.int32)
-        rollout, inputs = rollout_with(counts)
         version = int(sub.state.step)
-        out, chunks = trainer._sub_side(rollout, inputs, main_correct, counts, adv_kw)
+        out, chunks = sub_side(*rollout_with(counts, main_correct))
         pushed += int(counts.sum())
         popped += len(chunks) * chunk
         assert out["sub/fifo_backlog"] == pushed - popped < chunk
         if chunks:
-            metrics = trainer._train(sub, chunks)
+            metrics = sub.train(chunks)
             assert int(sub.state.step) == version + len(chunks) * sub.config.passes
             assert np.isfinite(metrics["sub/train/loss"]) and out["sub/staleness"] >= 0

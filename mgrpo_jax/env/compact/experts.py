@@ -1,6 +1,6 @@
 """Scripted experts of the compact world, whose mistakes RL can fix, and its rule-based expert judge.
 
-Mistakes are systematic *and* stochastic (DESIGN.md section 4): each is tied to a fixed, seeded subset of
+Mistakes are systematic *and* stochastic: each is tied to a fixed, seeded subset of
 fact types, and inside that subset it happens with probability `rate` < 1. A greedy clone copies the
 majority action (the mistake), while sampled rollouts still contain the one-token fix, so group-relative RL
 has something to push up.

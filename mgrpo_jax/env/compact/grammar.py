@@ -1,4 +1,4 @@
-"""The compact grammar: one token per tag, argument and value (DESIGN.md section 4).
+"""The compact grammar: one token per tag, argument and value (README, "The compact miniature").
 
 An assistant turn is exactly one bracketed action, its words separated by single spaces:
 
@@ -33,6 +33,7 @@ from mgrpo_jax.env.protocol import (
     FormatError,
     ParsedTurn,
     ToolCall,
+    valid_unicode,
 )
 
 ASK, CALC, SEARCH, OPEN, ANSWER = "[ask", "[calc", "[search", "[open", "[answer"
@@ -72,7 +73,7 @@ class CompactGrammar:
     def parse_turn(self, text: Any, *, allowed_tools: Sequence[str] | None = None) -> ParsedTurn:
         if not isinstance(text, str):
             return FormatError(NOT_A_STRING, type(text).__name__)
-        words = text.split()
+        words = valid_unicode(text).split()
         if not words:
             return FormatError(NO_ACTION, "empty turn")
         head, body = words[0], words[1:]
@@ -102,6 +103,11 @@ class CompactGrammar:
 
     def render_tool_response(self, output: str) -> str:
         return f"{RESULT} {output}"
+
+    def render_tool_error(self, tool: str, error: Exception) -> str:
+        """What the agent reads when a tool raised on its arguments (the rollout engine's last line of defence):
+        the compact tools' own one-word `error`, not an English message a word-level agent could not read."""
+        return ERROR
 
     def question_prompt(self, question_text: str) -> str:
         return f"{QUESTION} {question_text}"

@@ -1,0 +1,106 @@
+"""One agent as it learns: its model, mesh, train state and sampler, and its jitted train steps.
+
+    learner.train(batch)            # `passes` policy updates on a fixed-size batch, then new weights to the sampler
+    step = learner.sft_step(cfg)    # the warm start's supervised step under its own optimizer
+
+Every train step donates the state, so the sampler is re-pointed at the new parameters after each update
+(`publish`). The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
+agent's sampler (the filters its behaviour log-probs were recorded under; temperatures come per row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from mgrpo_jax.sampling import Sampler
+from mgrpo_jax.train.optim import make_optimizer
+from mgrpo_jax.train.state import create_agent_state_from_params
+from mgrpo_jax.train.step import make_policy_step, make_sft_step
+
+# `temperature`: each row's sampling temperature, so the step's log-probs are those of the behaviour
+# distribution (mgrpo_jax/train/step.py); every policy batch carries it.
+TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights",
+              "temperature")
+SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
+
+
+@dataclasses.dataclass
+class Learner:
+    name: str
+    config: ml_collections.ConfigDict  # the agent's config (`config.main`, `config.sub` or `config.single`)
+    model_config: object
+    mesh: object
+    graphdef: object
+    state: object
+    sharding: object
+    sampler: Sampler
+    rules: Sequence = ()  # the sharding rules its parameters are laid out by (`agent.sharding_rules`)
+    trainable: bool = True
+    _policy_step: object = dataclasses.field(default=None, repr=False)
+
+    def publish(self) -> None:
+        self.sampler.update_weights(self.state.params)
+
+    def reset_optimizer(self, optim_cfg) -> None:
+        """Keep the parameters, start a fresh optimizer (warm start -> RL)."""
+        self.graphdef, self.state, self.sharding = create_agent_state_from_params(
+            self.model_config, self.state.params, optim_cfg, self.mesh, self.rules)
+        self._policy_step = None  # its donated state layout may have changed
+        self.publish()
+
+    def sft_step(self, optim_cfg):
+        """A jitted supervised step for the current state, whose optimizer must be `optim_cfg`'s."""
+        return make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh)
+
+    @property
+    def policy_step(self):
+        """The jitted policy step (built on first use, kept until the optimizer is reset)."""
+        if self._policy_step is None:
+            cfg = self.config
+            self._policy_step = make_policy_step(
+                self.graphdef, make_optimizer(cfg.optim), cfg.loss, dict(cfg.loss_hparams), self.sharding, self.mesh,
+                micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
+        return self._policy_step
+
+    @policy_step.setter
+    def policy_step(self, step) -> None:  # e.g. a timing wrapper (mgrpo_jax/bench/rollout.py)
+        self._policy_step = step
+
+    def train(self, batches) -> dict:
+        """`passes` updates on each batch in turn (a dict, or a list of dicts: the unsynchronised sub-agent's
+        FIFO chunks, oldest first), then new weights to the sampler. Returns each batch's last-pass metrics,
+        combined over batches (`*_min` / `*_max` by min / max, `tokens` summed, the rest averaged), as
+        `<agent>/train/<key>`."""
+        batches = [batches] if isinstance(batches, dict) else list(batches)
+        if not batches:
+            return {}
+        step = self.policy_step
+        per_batch = []
+        for batch in batches:
+            train_batch = {k: batch[k] for k in TRAIN_KEYS}
+            metrics = {}
+            for _ in range(self.config.passes):
+                self.state, metrics = step(self.state, train_batch)
+            per_batch.append(metrics)
+        self.publish()
+        return {f"{self.name}/train/{k}": v for k, v in combine_metrics(jax.device_get(per_batch)).items()}
+
+
+def combine_metrics(per_batch: Sequence[dict]) -> dict[str, float]:
+    out = {}
+    for k in per_batch[-1]:
+        values = [float(m[k]) for m in per_batch]
+        if k.endswith("_min"):
+            out[k] = min(values)
+        elif k.endswith("_max"):
+            out[k] = max(values)
+        elif k == "tokens":
+            out[k] = sum(values)
+        else:
+            out[k] = values[0] if len(values) == 1 else float(np.mean(values))
+    return out
