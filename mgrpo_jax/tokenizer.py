@@ -21,9 +21,14 @@ then the ids the sampler produced (which end with ``end_of_turn_id``), then ``tu
 next rendered message, and never re-tokenises text. The loss mask covers exactly the tokens an assistant
 generates: its content and its end-of-turn token, not the role header or the separator.
 
-Round trip: for models trained here, ``decode(encode(s)) == s`` for every Python string ``s`` (identity
-normalisation, no dummy prefix, no whitespace folding, byte fallback; the whitespace meta symbol U+2581,
-which SentencePiece would otherwise turn into a space, is encoded through its UTF-8 byte pieces).
+Round trip: for models trained here, ``decode(encode(s)) == s`` for every Python string ``s`` that UTF-8 can
+encode (identity normalisation, no dummy prefix, no whitespace folding, byte fallback; the whitespace meta symbol
+U+2581, which SentencePiece would otherwise turn into a space, is encoded through its UTF-8 byte pieces).
+
+Both directions are total, because model-written text crosses them: ``encode`` replaces a lone surrogate (e.g.
+from a JSON ``"\\ud800"`` escape; SentencePiece would raise) with U+FFFD, and ``decode`` takes any ids, an id
+outside the vocabulary (a model's padded embedding rows) decoding as the unknown piece and byte pieces that
+are not valid UTF-8 as U+FFFD.
 """
 
 from __future__ import annotations
@@ -70,6 +75,16 @@ PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 _META = "\u2581"  # SentencePiece's whitespace meta symbol.
 
 Message = tuple[str, str]  # (role, text)
+
+
+def _valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (``mgrpo_jax.env.protocol.valid_unicode``; repeated here so
+    this module imports on its own)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 @dataclass(frozen=True)
@@ -235,7 +250,9 @@ class Tokenizer:
         return None if any(i == self._unk for i in ids) else ids
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids, no BOS/EOS. Special tokens in the text become their single ids."""
+        """Text -> ids, no BOS/EOS. Special tokens in the text become their single ids; a lone surrogate is
+        encoded as U+FFFD."""
+        text = _valid_unicode(text)
         if _META not in text or self._meta_byte_ids is None:
             return list(self.sp.encode(text))
         out: list[int] = []
@@ -247,8 +264,10 @@ class Tokenizer:
         return out
 
     def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-        """Ids -> text. Control ids (pad/bos/eos) decode to nothing."""
-        return self.sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+        """Ids -> text. Control ids (pad/bos/eos) decode to nothing, ids outside the vocabulary (which
+        SentencePiece would raise on) as the unknown piece."""
+        size = self.vocab_size
+        return self.sp.decode([i if 0 <= i < size else self._unk for i in map(int, np.asarray(ids).reshape(-1))])
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]

@@ -6,6 +6,10 @@ unary minus, comparisons (chained too), `and`/`or`/`not`, parentheses, and the f
 `abs min max round sum` plus `days_between(a, b)` and `years_between(a, b)` (whole years elapsed from
 a to b, negative if b is earlier). `date - date` gives days. Errors come back as `CalculatorError`
 whose message the tool shows the agent.
+
+`evaluate` is total on strings: whatever the agent writes (tuples in comparisons, huge rounding digits,
+complex powers, mixed dates and numbers) is a `CalculatorError`, never another exception, and no input runs
+for long (the expression's length, node count, exponents, magnitudes and rounding digits are bounded).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ MAX_EXPRESSION_CHARS = 500
 MAX_NODES = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10**30
+MAX_ROUND_DIGITS = 30  # round(x, d) with a huge |d| would build 10**|d|
 
 _ISO_DATE = re.compile(r"(?<![\w\"'])(\d{4})-(\d{2})-(\d{2})(?![\w\"'])")
 _QUOTED_DATE = re.compile(r"[\"'](\d{4}-\d{2}-\d{2})[\"']")
@@ -59,14 +64,35 @@ def _numbers(values: tuple[Any, ...], what: str) -> tuple[Any, ...]:
     return values
 
 
-_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "abs": lambda x: abs(_number(x, "abs")),
-    "min": lambda *xs: min(_numbers(xs, "min")),
-    "max": lambda *xs: max(_numbers(xs, "max")),
-    "sum": lambda *xs: sum(_number(x, "sum") for x in _numbers(xs, "sum")),
-    "round": lambda x, digits=0: round(_number(x, "round"), int(_number(digits, "round"))),
-    "days_between": _days_between,
-    "years_between": _years_between,
+def _extreme(pick: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """`min`/`max` over numbers, or over dates; never a mix (Python would raise a TypeError)."""
+
+    def function(*values: Any) -> Any:
+        values = _numbers(values, what)
+        if all(isinstance(value, datetime.date) for value in values):
+            return pick(values)
+        return pick(_number(value, what) for value in values)
+
+    return function
+
+
+def _round(value: Any, digits: Any = 0) -> int | float:
+    value, digits = _number(value, "round"), _number(digits, "round")
+    if digits != int(digits) or abs(digits) > MAX_ROUND_DIGITS:
+        raise CalculatorError(f"round takes a whole number of digits between -{MAX_ROUND_DIGITS} and "
+                              f"{MAX_ROUND_DIGITS}, got {_format(digits)}")
+    return round(value, int(digits))
+
+
+# name -> (function, fewest arguments, most arguments or None for any number)
+_FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int | None]] = {
+    "abs": (lambda x: abs(_number(x, "abs")), 1, 1),
+    "min": (_extreme(min, "min"), 1, None),
+    "max": (_extreme(max, "max"), 1, None),
+    "sum": (lambda *xs: sum(_number(x, "sum") for x in _numbers(xs, "sum")), 1, None),
+    "round": (_round, 1, 2),
+    "days_between": (_days_between, 2, 2),
+    "years_between": (_years_between, 2, 2),
 }
 
 _BINARY = {
@@ -95,6 +121,8 @@ def _number(value: Any, what: str) -> int | float:
 
 
 def _check_magnitude(value: Any) -> Any:
+    if isinstance(value, complex):  # e.g. (-8) ** 0.5
+        raise CalculatorError("the result is not a real number")
     if isinstance(value, int | float) and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise CalculatorError("the result is not a finite number")
@@ -130,14 +158,12 @@ def _evaluate(node: ast.AST) -> Any:
             raise CalculatorError("only plain calls of the listed functions are supported")
         if node.func.id == "date":
             return _date_literal(node)
-        function = _FUNCTIONS.get(node.func.id)
-        if function is None:
+        if node.func.id not in _FUNCTIONS:
             raise CalculatorError(f"unknown function {node.func.id!r}; use one of {sorted(_FUNCTIONS)}")
-        arguments = [_evaluate(argument) for argument in node.args]
-        try:
-            return _check_magnitude(function(*arguments))
-        except TypeError:
-            raise CalculatorError(f"wrong number of arguments for {node.func.id}") from None
+        function, fewest, most = _FUNCTIONS[node.func.id]
+        if len(node.args) < fewest or (most is not None and len(node.args) > most):
+            raise CalculatorError(f"wrong number of arguments for {node.func.id}")
+        return _check_magnitude(function(*(_evaluate(argument) for argument in node.args)))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         return _binary(node.op, _evaluate(node.left), _evaluate(node.right))
     if isinstance(node, ast.UnaryOp):
@@ -154,6 +180,9 @@ def _evaluate(node: ast.AST) -> Any:
             if type(op) not in _COMPARE:
                 raise CalculatorError("unsupported comparison")
             right = _evaluate(right_node)
+            for value in (left, right):
+                if isinstance(value, tuple):  # e.g. (1, 2) < 3: Python would raise a TypeError
+                    raise CalculatorError(f"comparisons need numbers or dates, got ({_format(value)})")
             if isinstance(left, datetime.date) != isinstance(right, datetime.date):
                 raise CalculatorError("cannot compare a date with a number")
             if not _COMPARE[type(op)](left, right):
@@ -211,6 +240,9 @@ def evaluate(expression: str) -> str:
     if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
         raise CalculatorError(f"the expression has more than {MAX_NODES} parts")
     try:
-        return _format(_evaluate(tree))
+        value = _evaluate(tree)
     except RecursionError:
         raise CalculatorError("the expression is nested too deeply") from None
+    if value == ():
+        raise CalculatorError("the expression has no value; write one such as 3 * (4 + 5)")
+    return _format(value)

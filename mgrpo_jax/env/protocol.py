@@ -10,8 +10,10 @@ with optional whitespace between and around the parts. Tool outputs come back to
 its reasoning visible; `parse_turn(..., require_think=False)` relaxes that for other models.
 
 `parse_turn` is total: whatever string a policy samples, it returns a `ToolCall`, a `FinalAnswer` or a
-`FormatError`, and never raises. The renderers are the only way the scripted experts produce text, so a
-demonstration always parses back to the action that produced it.
+`FormatError`, and never raises. Every string in what it returns is valid Unicode (`valid_unicode`): a JSON
+escape such as `"\\ud800"` parses to a lone surrogate, which becomes U+FFFD, so nothing a model writes reaches a
+tokenizer (or a UTF-8 writer) as a string that cannot be encoded. The renderers are the only way the scripted
+experts produce text, so a demonstration always parses back to the action that produced it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PROTOCOL_TAGS: tuple[str, ...] = (
 )
 
 _TAG_PATTERN = re.compile("|".join(re.escape(tag) for tag in PROTOCOL_TAGS))
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate, e.g. \ud800
 
 # Reasons a turn is rejected. They are stable strings so metrics can count them by name.
 MISSING_THINK = "missing_think"
@@ -137,6 +140,28 @@ def _scan(text: str) -> _Scan:
     return scan
 
 
+def valid_unicode(text: str) -> str:
+    """`text` with every lone surrogate (U+D800..U+DFFF, not part of a pair) replaced by U+FFFD; a surrogate pair
+    becomes the character it encodes. Such strings come from JSON escapes (`"\\ud800"`) and cannot be encoded as
+    UTF-8, so the tokenizer would raise on them. Valid text is returned as is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _valid_json(value: Any) -> Any:
+    """A parsed JSON value with `valid_unicode` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return valid_unicode(value)
+    if isinstance(value, list):
+        return [_valid_json(item) for item in value]
+    if isinstance(value, dict):
+        return {valid_unicode(key): _valid_json(item) for key, item in value.items()}
+    return value
+
+
 def _reject_non_finite(token: str) -> float:
     raise ValueError(f"{token} is not valid JSON")
 
@@ -144,6 +169,8 @@ def _reject_non_finite(token: str) -> float:
 def _parse_call(body: str, allowed_tools: Sequence[str] | None, think: str) -> ToolCall | FormatError:
     try:
         payload = json.loads(body, parse_constant=_reject_non_finite)
+        if _SURROGATE_ESCAPE.search(body):  # valid text can only parse to a lone surrogate through an escape
+            payload = _valid_json(payload)
     except (ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError; deep nesting recurses
         return FormatError(BAD_JSON, str(error)[:80])
     if not isinstance(payload, dict):
@@ -171,7 +198,7 @@ def parse_turn(
     """
     if not isinstance(text, str):
         return FormatError(NOT_A_STRING, type(text).__name__)
-    scan = _scan(text)
+    scan = _scan(valid_unicode(text))
     if scan.error is not None:
         return scan.error
     segments = scan.segments

@@ -2,7 +2,9 @@
 
 A `Tool` has a name, a JSON-schema for its arguments (`ToolSpec`) and `__call__(arguments) -> str`.
 Whatever the agent passes, a tool answers with text: bad arguments, unknown URLs, failed HTTP requests
-and calculator errors all come back as an `Error: …` string the agent can read and react to.
+and calculator errors all come back as an `Error: …` string the agent can read and react to. String
+arguments are made valid Unicode (`protocol.valid_unicode`) before a tool sees them, so a lone surrogate can
+neither reach a backend (URL encoding would raise) nor come back in the tool's text.
 
 Main agent: `delegate(task, context)` and `reason(problem)`. `delegate` runs a whole sub-agent episode,
 so the rollout engine executes it; this module only declares its schema (`DELEGATE_SPEC`).
@@ -25,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mgrpo_jax.env import calculator
-from mgrpo_jax.env.protocol import ToolCall
+from mgrpo_jax.env.protocol import ToolCall, valid_unicode
 from mgrpo_jax.env.world import World
 
 DELEGATE, REASON, SEARCH, VISIT = "delegate", "reason", "search", "visit"
@@ -273,6 +275,8 @@ class Tool:
         error = validate_arguments(self.spec, arguments)
         if error is not None:
             return error
+        arguments = {name: valid_unicode(value) if isinstance(value, str) else value
+                     for name, value in arguments.items()}
         try:
             return self._run(**arguments)
         except BackendError as failure:

@@ -18,29 +18,44 @@ Limits end an episode cleanly and are recorded as its `end_reason`: a turn that 
 than the per-turn token limit (`turn_too_long`). The per-rollout cap on delegations answers further
 `delegate` calls with an error the main agent reads. Model outputs that break the protocol are data for
 the reward, never exceptions.
+
+Nothing a model writes can crash a run. The grammars' parsers are total, the tokenizer decodes any ids, and the
+tools answer bad arguments with an error message. As a last line of defence, a tool (or the `delegate` argument
+reader) that still raises on the arguments a model wrote is answered with `Error: <tool> failed on its
+arguments: <ExceptionType>: <message>` (the grammar's `render_tool_error(tool, error)` instead, where it has
+one: the compact grammar's `error`), logged once per tool and exception type, and counted in the episode's
+`tool_calls` under `error/<tool>` (`RolloutBatch.stats()`: `<agent>/tool_errors`). Only that call is guarded;
+an exception anywhere else in the engine is a bug and raises. Every text the engine renders (tool responses,
+delegated tasks, sub-agent answers) is made valid Unicode first (`protocol.valid_unicode`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from mgrpo_jax.env.grammar import CHAT, Grammar, delegation
 from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER
-from mgrpo_jax.env.protocol import FinalAnswer, FormatError
+from mgrpo_jax.env.protocol import FinalAnswer, FormatError, ToolCall, valid_unicode
 from mgrpo_jax.rollout.episode import (
     ANSWERED,
     CONTEXT_FULL,
     FORMAT_ERROR,
     MAX_TURNS,
+    TOOL_ERROR_PREFIX,
     TURN_TOO_LONG,
     Episode,
     RolloutBatch,
 )
 
 DELEGATE = "delegate"
+MAX_ERROR_CHARS = 200  # of an exception's message in the error response
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,17 +104,19 @@ class RolloutEngine:
         self._assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
         self._separator = tokenizer.turn_separator_ids
         self._end_of_turn = tokenizer.end_of_turn_id
+        self._logged_failures: set[tuple[str, str]] = set()
 
     # -- episode construction ------------------------------------------------------------------------
 
     def _start(self, agent: AgentRuntime, user_text: str, **fields) -> Episode:
         episode = Episode(agent=agent.name, **fields)
-        ids, _ = self.tokenizer.render_chat([(SYSTEM, agent.system_prompt), (USER, user_text)])
+        ids, _ = self.tokenizer.render_chat([(SYSTEM, agent.system_prompt), (USER, valid_unicode(user_text))])
         episode.extend(ids)
         return episode
 
     def _respond(self, episode: Episode, output: str) -> None:
-        episode.extend(self.tokenizer.render_message(TOOL, self.grammar.render_tool_response(output)))
+        response = self.grammar.render_tool_response(valid_unicode(output))
+        episode.extend(self.tokenizer.render_message(TOOL, response))
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -138,6 +155,7 @@ class RolloutEngine:
 
     def start_sub(self, task: str, context: str = "", **fields) -> Episode:
         """A new sub-agent episode for `delegate(task, context)` (fields: question_index, rollout, invocation)."""
+        task, context = valid_unicode(task), valid_unicode(context)
         return self._start(self.sub, self.grammar.sub_agent_prompt(task, context),
                            call={"task": task, "context": context},
                            task=task if not context.strip() else f"{task}\n{context}", **fields)
@@ -209,17 +227,40 @@ class RolloutEngine:
             if len(episode.subs) >= self.limits.max_sub_calls:
                 self._respond(episode, f"Error: at most {self.limits.max_sub_calls} delegations per question.")
             else:
-                task, context = delegation(parsed.arguments)
-                sub = self.start_sub(task, context, question_index=episode.question_index, rollout=episode.rollout,
-                                     invocation=len(episode.subs))
-                episode.subs.append(sub)
-                episode.waiting_on = sub
-                spawned.append(sub)
+                arguments, error = self._guarded(episode, parsed, lambda: delegation(parsed.arguments))
+                if error is not None:
+                    self._respond(episode, error)
+                else:
+                    sub = self.start_sub(*arguments, question_index=episode.question_index,
+                                         rollout=episode.rollout, invocation=len(episode.subs))
+                    episode.subs.append(sub)
+                    episode.waiting_on = sub
+                    spawned.append(sub)
         else:
-            self._respond(episode, agent.tools[parsed.name](parsed.arguments, episode.tool_session))
+            tool = agent.tools[parsed.name]
+            output, error = self._guarded(episode, parsed, lambda: tool(parsed.arguments, episode.tool_session))
+            self._respond(episode, output if error is None else error)
         if not episode.waiting_on and len(episode.turns) >= agent.max_turns:
             episode.end_reason = MAX_TURNS
         return spawned
+
+    def _guarded(self, episode: Episode, call: ToolCall, run: Callable[[], Any]) -> tuple[Any, str | None]:
+        """`(run(), None)`, where `run` is the tool call on a model's parsed arguments; if it raises, `(None, the
+        error response the agent reads)`, counted under `error/<tool>` in the episode's `tool_calls`."""
+        try:
+            return run(), None
+        except Exception as error:  # whatever a model wrote, the run goes on (module docstring)
+            episode.tool_calls[TOOL_ERROR_PREFIX + call.name] += 1
+            kind = type(error).__name__
+            if (call.name, kind) not in self._logged_failures:
+                self._logged_failures.add((call.name, kind))
+                log.warning("tool %s raised on model-written arguments %.200r (answered with an error; logged "
+                            "once per tool and exception type)", call.name, call.arguments, exc_info=True)
+            render = getattr(self.grammar, "render_tool_error", None)
+            if render is not None:
+                return None, render(call.name, error)
+            message = " ".join(str(error).split())[:MAX_ERROR_CHARS]
+            return None, f"Error: {call.name} failed on its arguments: {kind}: {message}"
 
     def _return_to_parent(self, sub: Episode, top: list[list[Episode]]) -> None:
         parent = top[sub.question_index][sub.rollout]

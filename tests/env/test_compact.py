@@ -111,6 +111,19 @@ def test_search_open_and_calc(env):
     assert world.calculate("max 31 x") == "error" and world.calculate("sum 1 2") == "error"
 
 
+def test_tools_answer_error_to_any_argument(env):
+    """Words `str.isdigit` accepts but `int` does not, numbers past Python's digit limit, surrogates, non-strings:
+    each once raised, or could."""
+    tools = env.tools(SINGLE)
+    assert tools["reason"]({"problem": "max 31 17"}) == "31"
+    for problem in ("max ² 17", "min ٣ 17", "max 17 " + "9" * 5000, "max 17 -3", None, ["max", "1", "2"]):
+        assert tools["reason"]({"problem": problem}) == "error"
+    assert tools["search"]({"query": "born_in \ud800"}, {}).startswith("r1 ")  # distractors, hashed as UTF-8
+    for url in ("r9", "\ud800", 2, None):
+        assert tools["visit"]({"url": url}, {}) == "error"
+    assert COMPACT.parse_turn("[calc max \ud800 17 ]") == ToolCall("reason", {"problem": "max \ufffd 17"})
+
+
 def test_judge_scores_the_true_value(env):
     person = env.world.of_kind("person")[3]
     truth = env.world.facts[(person.id, "age")]

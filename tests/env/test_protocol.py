@@ -131,3 +131,46 @@ def test_parser_is_total_on_mutated_valid_turns(data):
     insert = data.draw(st.one_of(_fragments, st.text(max_size=3)))
     mutated = turn[:position] + insert + turn[position + cut :]
     assert isinstance(parse_turn(mutated), ToolCall | FinalAnswer | FormatError)
+
+
+def test_valid_unicode_replaces_lone_surrogates_only():
+    assert protocol.valid_unicode("a\ud800b\udfffc") == "a\ufffdb\ufffdc"
+    assert protocol.valid_unicode("\ud83d\ude00") == "\U0001f600"  # a pair is the character it encodes
+    text = "plain é 😀 \x00"
+    assert protocol.valid_unicode(text) is text
+
+
+def test_json_surrogate_escapes_parse_to_valid_unicode():
+    """A JSON `"\\ud800"` escape parses to a lone surrogate, which no tokenizer can encode."""
+    body = ('{"name": "delegate", "arguments": {"task": "a\\ud800", '
+            '"context": ["\\udc00", {"k\\ud800": "\\ud83d\\ude00"}]}}')
+    parsed = parse_turn(f"<think></think><tool_call>{body}</tool_call>")
+    assert parsed == ToolCall("delegate", {"task": "a\ufffd", "context": ["\ufffd", {"k\ufffd": "\U0001f600"}]})
+    # A raw surrogate in the turn text (not from a tokenizer, which cannot produce one) is cleaned too.
+    assert parse_turn("<think>\ud800</think><answer>x\ud800</answer>") == FinalAnswer("x\ufffd", think="\ufffd")
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
+
+_escapes = st.sampled_from(["\\ud800", "\\uDFFF", "\\ud83d", "\\ude00", "\\u0000", "\\\\ud800", "\ud800"])
+_json_soup = st.lists(st.one_of(_fragments, _escapes, st.text(max_size=4)), max_size=30).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_json_soup, st.lists(_escapes | st.text(max_size=3), max_size=6).map(
+    lambda parts: '<think></think><tool_call>{"name": "x", "arguments": {"a": "' + "".join(parts) + '"}}</tool_call>')))
+def test_every_parsed_string_is_valid_unicode(text):
+    parsed = parse_turn(text)
+    fields = [parsed.name, parsed.arguments, parsed.think] if isinstance(parsed, ToolCall) else vars(parsed).values()
+    for string in _strings(list(fields)):
+        string.encode("utf-8")

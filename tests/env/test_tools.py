@@ -5,6 +5,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mgrpo_jax.env import calculator
 from mgrpo_jax.env.protocol import ToolCall
@@ -56,12 +58,60 @@ def test_calculator(expression, expected):
     "expression",
     ["", "1/0", "__import__('os')", "open('x')", "x + 1", "(1).__class__", "2 ** 1000", "10 ** 40",
      "'abc'", "1921-02-30 < 1", "1921-03-04 < 5", "years_between(3, 4)", "max()", "lambda: 1",
-     "[i for i in range(9)]", "(" * 300 + "1" + ")" * 300, "9" * 600, "1 +", "abs(1, 2)"],
+     "[i for i in range(9)]", "(" * 300 + "1" + ")" * 300, "9" * 600, "1 +", "abs(1, 2)",
+     # Each of these once raised something other than a CalculatorError, hung, or answered nonsense.
+     "(1,2) < 3", "max(1,2) < (3,4)", "1 < 2 < (1,)", "[1,2] < [3]", "(1,2) == (1,2)",  # TypeError
+     "round(10**30, -10**30)",  # ran for ever (10 ** 10 ** 30)
+     "round(1.5, 10**5)", "round(5, 1.5)",  # digits out of range, or not whole
+     "(-8) ** 0.5", "(-8) ** (1/3)",  # complex results
+     "max(1921-03-04, 3)", "min(1, (2, 3))", "max(1, True)",  # mixed kinds ("wrong number of arguments" before)
+     "()", "\ud800", "1\x00"],
 )
 def test_calculator_rejects_with_a_message(expression):
     with pytest.raises(calculator.CalculatorError):
         calculator.evaluate(expression)
     assert ReasonTool()({"problem": expression}).startswith("Error: ")
+
+
+def test_calculator_min_max_of_dates_and_arity():
+    assert calculator.evaluate("max(1921-03-04, 1922-01-01)") == "1922-01-01"
+    assert calculator.evaluate("min((1921-03-04, 1922-01-01))") == "1921-03-04"
+    assert calculator.evaluate("round(1234.5, -2)") == "1200"
+    with pytest.raises(calculator.CalculatorError, match="wrong number of arguments for round"):
+        calculator.evaluate("round(1, 2, 3)")
+
+
+_atoms = st.sampled_from(["0", "1", "-1", "2.5", "1e30", "10**30", "1921-03-04", "'1950-01-02'", "()", "(1, 2)",
+                          "[3]", "True", "x", "'a'", "None", "1j", "max", "round"])
+_operators = st.sampled_from(["+", "-", "*", "/", "//", "%", "**", "^", "<", "<=", "==", "!=", ">", " and ",
+                              " or ", " not ", ",", " if ", "@", "<<"])
+_calls = st.sampled_from(["abs", "min", "max", "sum", "round", "days_between", "years_between", "date", "len"])
+
+
+@st.composite
+def _expressions(draw, depth=0):
+    """Random expressions over the calculator's syntax and beyond: atoms, operators, calls, brackets."""
+    kind = draw(st.integers(0, 3 if depth < 3 else 0))
+    if kind == 0:
+        return draw(_atoms)
+    if kind == 1:
+        return draw(_expressions(depth + 1)) + draw(_operators) + draw(_expressions(depth + 1))
+    if kind == 2:
+        arguments = draw(st.lists(_expressions(depth + 1), max_size=3))
+        return f"{draw(_calls)}({', '.join(arguments)})"
+    return f"({draw(_expressions(depth + 1))})"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_expressions(), st.text(max_size=40)))
+def test_calculator_is_total(expression):
+    """Any expression: a result, or a CalculatorError with a message for the agent; nothing else, nothing slow."""
+    try:
+        result = calculator.evaluate(expression)
+    except calculator.CalculatorError as error:
+        assert str(error)
+    else:
+        assert isinstance(result, str) and "j" not in result
 
 
 def test_tools_validate_arguments_and_answer_with_text():
@@ -71,6 +121,27 @@ def test_tools_validate_arguments_and_answer_with_text():
     assert "does not take" in reason({"problem": "1", "extra": "x"})
     assert "must be a string" in reason({"problem": 4})
     assert "JSON object" in reason(["2+2"])
+
+
+def test_tool_arguments_reach_the_tool_as_valid_unicode():
+    """A lone surrogate (JSON `"\\ud800"`) can neither reach a backend (URL encoding raises on it) nor come back."""
+    seen = []
+
+    class Recording:
+        def search(self, query, k):
+            seen.append(query)
+            return []
+
+        def visit(self, url):
+            seen.append(url)
+            return None
+
+    toolbox = single_agent_toolbox(Recording())
+    output = toolbox.execute(ToolCall("search", {"query": "a\ud800b"}))
+    assert output == 'No results for "a\ufffdb". Try other keywords.'
+    assert "a\ufffdb" in toolbox.execute(ToolCall("visit", {"url": "a\ud800b"}))
+    assert seen == ["a\ufffdb", "a\ufffdb"]
+    assert toolbox.execute(ToolCall("reason", {"problem": "\ud800"})).startswith("Error: could not parse")
 
 
 def test_search_ranks_the_named_entitys_page_first():

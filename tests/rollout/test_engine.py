@@ -146,3 +146,4 @@ def test_stats_count_tools_and_end_reasons(tokenizer):
     assert stats["main/tool_calls/delegate"] == 1.5
     assert stats["sub/tool_calls/search"] == 1.0
     assert stats["main/end/answer"] == 1.0 and stats["d_k/max"] == 2
+    assert stats["main/tool_errors"] == stats["sub/tool_errors"] == 0.0  # always reported (test_robustness.py)

@@ -85,6 +85,32 @@ def test_round_trip_meta_symbol(tok):
     assert tok.decode(tok.encode(s)) == s
 
 
+def test_encode_replaces_lone_surrogates(tok):
+    """SentencePiece raises on a lone surrogate (e.g. from a JSON `"\\ud800"` a model wrote); encode never does."""
+    assert tok.encode("a\ud800b") == tok.encode("a\ufffdb")
+    assert tok.decode(tok.encode("\udfff")) == "\ufffd"
+    ids, _ = tok.render_chat([("tool", "x\ud800")])
+    assert "x\ufffd" in tok.decode(ids)
+
+
+def test_decode_takes_ids_outside_the_vocabulary(tok):
+    """A model's embedding can be padded past the tokenizer's pieces; SentencePiece raises on those ids."""
+    unknown = tok.decode([tok.unk_id])
+    assert tok.decode([tok.vocab_size, -1, tok.vocab_size + 100]) == unknown * 3
+    assert tok.decode(np.array([*tok.encode("hi"), tok.vocab_size], np.int32)) == "hi" + unknown
+
+
+@given(st.lists(st.integers(-3, 800), max_size=60))
+def test_decode_is_total_and_valid_unicode(tok, ids):
+    """Any ids, byte pieces that are not valid UTF-8 included (they decode as U+FFFD)."""
+    tok.decode(ids).encode("utf-8")
+
+
+def test_decode_of_broken_utf8_byte_pieces(tok):
+    pieces = [tok.token_id(f"<0x{b:02X}>") for b in (0xED, 0xA0, 0x80, 0xC3)]  # an encoded surrogate, a cut é
+    assert set(tok.decode(pieces)) == {"\ufffd"}
+
+
 def test_decode_skips_controls(tok):
     ids = [tok.bos_id, *tok.encode("hi"), tok.eos_id, tok.pad_id, tok.pad_id]
     assert tok.decode(ids) == "hi"

@@ -19,7 +19,8 @@ results so that `open r2` means the second result of *this* episode's last searc
     visit(url="r2")              -> "born_in Drur works_for Lorm age 31"            (the entity's facts)
     reason(problem="max 31 17")  -> "31"                                            (max / min of two numbers)
 
-Anything a tool cannot serve is answered with `error`. `generate_compact_world(seed, ...)` is a pure function.
+Anything a tool cannot serve is answered with `error` (no argument makes a tool raise). `generate_compact_world(seed,
+...)` is a pure function.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mgrpo_jax.env.compact.grammar import ERROR, NONE
+from mgrpo_jax.env.protocol import valid_unicode
 
 PERSON, CITY, ORG, COUNTRY, NUMBER = "person", "city", "org", "country", "number"
 KINDS = (PERSON, CITY, ORG, COUNTRY)
@@ -42,6 +44,7 @@ FACTS: dict[str, tuple[str, str]] = {  # fact -> (domain kind, value kind)
 NUMBERS = tuple(str(n) for n in range(10, 100))
 HANDLES = ("r1", "r2", "r3", "r4")
 CALC_OPS = ("max", "min")
+MAX_CALC_DIGITS = 30  # `calc` reads plain ASCII numbers up to this many digits
 ROLE_WORDS = ("main", "sub", "single")  # the one-word system prompts
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr", "gr", "th")
@@ -133,7 +136,9 @@ class CompactWorld:
     @staticmethod
     def calculate(problem: str) -> str:
         words = problem.split()
-        if len(words) != 3 or words[0] not in CALC_OPS or not all(w.isdigit() for w in words[1:]):
+        # ASCII digits only: str.isdigit() also accepts e.g. "²", which int() rejects.
+        if len(words) != 3 or words[0] not in CALC_OPS or not all(
+                w.isascii() and w.isdigit() and len(w) <= MAX_CALC_DIGITS for w in words[1:]):
             return ERROR
         pick = max if words[0] == "max" else min
         return str(pick(int(words[1]), int(words[2])))
@@ -146,7 +151,10 @@ class CompactTool:
         self.world, self.name = world, name
 
     def __call__(self, arguments: Mapping, session: dict | None = None) -> str:
-        text = str(arguments.get({"search": "query", "visit": "url", "reason": "problem"}[self.name], ""))
+        value = arguments.get({"search": "query", "visit": "url", "reason": "problem"}[self.name], "")
+        if not isinstance(value, str):
+            return ERROR
+        text = valid_unicode(value)  # `search` hashes its query as UTF-8
         if self.name == "search":
             return self.world.search(text, session)
         if self.name == "visit":
