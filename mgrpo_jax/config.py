@@ -206,7 +206,7 @@ ROLES = ("colocated", "main", "sub")
 TWO_AGENT_MODES = ("mgrpo", "frozen_sub", "mgrpo_unsync")  # the modes --role=main / --role=sub can split
 # Sections whose keys are free (model fields, loss keyword arguments, noise and tokenizer-trainer settings): their
 # keys are not compared with the defaults' (the model's are checked against ModelConfig).
-_OPEN_SECTIONS = ("model_overrides", "loss_hparams", "noise", "trainer_kwargs")
+OPEN_SECTIONS = ("model_overrides", "loss_hparams", "noise", "trainer_kwargs")
 _MISSING = object()
 
 
@@ -268,7 +268,7 @@ def _unknown_fields(problems: _Problems, config, reference, prefix: str = "") ->
             close = difflib.get_close_matches(key, list(reference.keys()), n=1, cutoff=0.6)
             hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
             problems.found.append(f"{prefix + key}: unknown field{hint}")
-        elif key not in _OPEN_SECTIONS and _both_sections(config[key], reference[key]):
+        elif key not in OPEN_SECTIONS and _both_sections(config[key], reference[key]):
             _unknown_fields(problems, config[key], reference[key], f"{prefix + key}.")
 
 

@@ -9,9 +9,11 @@
 - `load_webwalker(path)`: the JSONL with the real lower-case schema; also the capitalised
   documentation variant and the flattened JSON-array variant.
 
-A malformed file raises `BenchmarkFormatError` naming the file, the line or row, and the problem; a
-loader either returns every record or raises, never a partial list. Decrypted XBench text is never put in
-an error message (the maintainers ask that it not be published).
+A malformed file raises `BenchmarkFormatError` (a `ValueError`) naming the file, the line or row, and the
+problem: a missing file, one with no records, bytes that are not UTF-8 text, invalid or too deeply nested JSON,
+a record missing a required field. A loader either returns every record (at least one) or raises, never a
+partial list. Decrypted XBench text is never put in an error message (the maintainers ask that it not be
+published). `load_benchmark(name, path)` is the loader of a benchmark by name.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import base64
 import binascii
 import csv
 import hashlib
+import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +32,7 @@ from typing import Any
 GAIA, XBENCH, WEBWALKER = "gaia", "xbench", "webwalker"
 GAIA_UNLABELLED = "?"
 XBENCH_COLUMNS = ("id", "prompt", "answer", "reference_steps", "canary")
+MAX_JSON_DEPTH = 100  # where an error locates JSON too deeply nested to parse (real records nest 3 deep)
 
 
 class BenchmarkFormatError(ValueError):
@@ -64,17 +68,87 @@ def _gaia_metadata_file(path: Path) -> Path:
     raise BenchmarkFormatError(path, "folder", "has neither metadata.jsonl nor metadata.parquet")
 
 
-def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise BenchmarkFormatError(path, "file", f"cannot open ({error.strerror or error})") from None
+
+
+def _line_and_column(data: bytes, index: int, first_line: int = 1) -> tuple[int, int]:
+    """Where byte `index` of `data` (which starts at `first_line` of its file) is: line and column, 1-based."""
+    before = data[:index]
+    line = first_line + before.count(b"\n") + (before.count(b"\r") - before.count(b"\r\n"))
+    return line, index - max(before.rfind(b"\n"), before.rfind(b"\r"))
+
+
+def _decode(path: Path, data: bytes, encoding: str = "utf-8", first_line: int = 1) -> str:
+    """`data` (from `first_line` of `path` on) as text; a NUL byte or bytes that are not UTF-8 (a binary file)
+    as a `BenchmarkFormatError` naming the line and column."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line, column = _line_and_column(data, nul, first_line)
+        raise BenchmarkFormatError(path, f"line {line}", f"not text (a NUL byte at column {column}; a binary file?)")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line, column = _line_and_column(error.object, error.start, first_line)
+        raise BenchmarkFormatError(path, f"line {line}", f"not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+                                   f"at column {column}; a binary file?)") from None
+
+
+def _json_depth_line(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
+    """The line (1-based, within `text`) where JSON arrays and objects first nest deeper than `limit`."""
+    depth, line, in_string, escaped = 0, 1, False, False
+    for char in text:
+        if char == "\n":
+            line += 1
+        elif in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return line
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def _parse_json(path: Path, text: str, first_line: int = 1) -> Any:
+    """`json.loads(text)`, its failures as `BenchmarkFormatError`s naming the line (`text` starts at `first_line`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BenchmarkFormatError(path, f"line {first_line + error.lineno - 1}",
+                                   f"invalid JSON ({error.msg})") from None
+    except RecursionError:  # json recurses once per level: ~1000 levels exhaust the interpreter's limit
+        line = first_line + (_json_depth_line(text) or 1) - 1
+        raise BenchmarkFormatError(path, f"line {line}",
+                                   f"JSON nested too deeply (over {MAX_JSON_DEPTH} levels)") from None
+
+
+def _read_jsonl(path: Path, data: bytes | None = None) -> list[tuple[str, Any]]:
+    """(location, parsed JSON) of each non-blank line of `path` (its bytes `data` if already read)."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"line {line_number}", json.loads(line)))
-            except json.JSONDecodeError as error:
-                raise BenchmarkFormatError(path, f"line {line_number}", f"invalid JSON ({error.msg})") from None
+    data = _read_bytes(path) if data is None else data
+    for line_number, raw in enumerate(data.splitlines(), start=1):
+        line = _decode(path, raw, "utf-8-sig" if line_number == 1 else "utf-8", line_number)
+        if line.strip():
+            rows.append((f"line {line_number}", _parse_json(path, line, line_number)))
     return rows
+
+
+def _some(path: Path, records: list[BenchmarkRecord], empty: str = "an empty file") -> list[BenchmarkRecord]:
+    if not records:
+        raise BenchmarkFormatError(path, "file", f"no records ({empty})")
+    return records
 
 
 def _read_parquet(path: Path) -> list[tuple[str, Any]]:
@@ -151,7 +225,7 @@ def load_gaia(path: str | Path) -> list[BenchmarkRecord]:
             },
             attachment=_gaia_attachment(metadata_file.parent, file_name, file_path),
         ))
-    return records
+    return _some(metadata_file, records)
 
 
 def gaia_text_only(records: Iterable[BenchmarkRecord]) -> list[BenchmarkRecord]:
@@ -181,12 +255,11 @@ def load_xbench(path: str | Path) -> list[BenchmarkRecord]:
     """XBench-DeepSearch records; `metadata` holds the decrypted `reference_steps` (never show it to the
     agent) and the `canary`."""
     path = Path(path)
-    try:
-        handle = path.open(encoding="utf-8-sig", newline="")
-    except OSError as error:
-        raise BenchmarkFormatError(path, "file", f"cannot open ({error.strerror})") from None
+    text = _decode(path, _read_bytes(path), "utf-8-sig")
+    if not text.strip():
+        raise BenchmarkFormatError(path, "file", "no records (an empty file)")
     records = []
-    with handle:
+    with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         missing = [column for column in XBENCH_COLUMNS if column not in (reader.fieldnames or ())]
         if missing:
@@ -218,7 +291,7 @@ def load_xbench(path: str | Path) -> list[BenchmarkRecord]:
                 ))
         except csv.Error as error:
             raise BenchmarkFormatError(path, f"line {reader.line_num}", f"malformed CSV ({error})") from None
-    return records
+    return _some(path, records, "a header and no rows")
 
 
 # ---------------------------------------------------------------- WebWalkerQA
@@ -275,18 +348,13 @@ def load_webwalker(path: str | Path) -> list[BenchmarkRecord]:
     difficulty_level, domain, lang, source_website, golden_path). Ids are derived from the question text,
     which is how the official evaluator matches predictions to gold."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise BenchmarkFormatError(path, "file", f"cannot read ({error})") from None
+    data = _read_bytes(path)
+    text = _decode(path, data, "utf-8-sig")
     if text.lstrip().startswith("["):
-        try:
-            array = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise BenchmarkFormatError(path, f"line {error.lineno}", f"invalid JSON ({error.msg})") from None
+        array = _parse_json(path, text)
         rows = [(f"element {index}", raw) for index, raw in enumerate(array)]
     else:
-        rows = _read_jsonl(path)
+        rows = _read_jsonl(path, data)
     records, seen_ids = [], {}
     for location, raw in rows:
         fields = _webwalker_record(path, location, raw)
@@ -301,4 +369,14 @@ def load_webwalker(path: str | Path) -> list[BenchmarkRecord]:
             metadata=fields["info"],
             root_url=fields["root_url"],
         ))
-    return records
+    return _some(path, records)
+
+
+LOADERS = {GAIA: load_gaia, XBENCH: load_xbench, WEBWALKER: load_webwalker}
+
+
+def load_benchmark(benchmark: str, path: str | Path) -> list[BenchmarkRecord]:
+    """The records of `benchmark` (gaia, xbench or webwalker) at `path`, by that benchmark's loader."""
+    if benchmark not in LOADERS:
+        raise ValueError(f"unknown benchmark {benchmark!r}: expected one of {', '.join(LOADERS)}")
+    return LOADERS[benchmark](path)

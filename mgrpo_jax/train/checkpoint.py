@@ -118,6 +118,22 @@ class Checkpointer:
         out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         return {name: out[name] for name in abstract_states}, dict(out[HOST_ITEM] or {})
 
+    def restore_latest(self, abstract_states: Mapping[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """``(step, states, host_state)`` of the newest checkpoint that restores, or None when there is none. A
+        damaged checkpoint (a truncated array file, a cut-off host state) gets one warning line naming it and the
+        one before it is tried; when none restores, the newest one's error is raised."""
+        first_error = None
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                return (step, *self.restore(abstract_states, step=step))
+            except Exception as e:  # noqa: BLE001 - Orbax and TensorStore fail on damaged files in many ways
+                first_error = first_error or e
+                log.warning("checkpoint %s is damaged and skipped (%s: %s)", self.directory / str(step),
+                            type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        if first_error is not None:
+            raise ValueError(f"no checkpoint in {self.directory} restores: {first_error}") from first_error
+        return None
+
     def wait(self) -> None:
         """Block until the pending asynchronous save (if any) is on disk."""
         self._manager.wait_until_finished()
@@ -169,7 +185,8 @@ def key_from_json(blob: Mapping) -> jax.Array:
 
 
 class PreemptionGuard:
-    """Context manager: SIGTERM (a TPU VM's preemption notice) sets a flag instead of killing the process.
+    """Context manager: SIGTERM (a TPU VM's preemption notice) or SIGINT (Ctrl-C) sets a flag instead of killing
+    the process; a second Ctrl-C interrupts at once (KeyboardInterrupt).
 
     The trainer polls ``should_stop()`` once per step, and on True saves a checkpoint (``force=True``) and
     exits cleanly. The previous handlers are restored on exit. Handlers can only be installed from the
@@ -180,7 +197,7 @@ class PreemptionGuard:
     the loop on every process).
     """
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
         self.signals = tuple(signals)
         self._event = threading.Event()
         self._previous: dict[int, Any] = {}
@@ -189,6 +206,8 @@ class PreemptionGuard:
 
     def _handler(self, signum, frame):
         del frame
+        if signum == signal.SIGINT and signal.SIGINT in self.received:
+            raise KeyboardInterrupt
         self.received.append(signum)
         if not self._event.is_set():
             log.warning("received signal %d: will checkpoint and stop at the end of this step", signum)

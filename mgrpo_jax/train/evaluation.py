@@ -10,14 +10,13 @@ import types
 
 import numpy as np
 
-from mgrpo_jax.env.benchmarks import load_gaia, load_webwalker, load_xbench
+from mgrpo_jax.env.benchmarks import load_benchmark
 from mgrpo_jax.env.scoring import score_benchmark_answer, world_answer_correct
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
 EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker")
-BENCHMARK_LOADERS = {"gaia": load_gaia, "xbench": load_xbench, "webwalker": load_webwalker}
 
 
 def _score_record(benchmark: str, prediction: str, gold: str) -> bool:
@@ -33,7 +32,7 @@ def evaluation_sets(config, env) -> dict:
     path = config.env.benchmark_path
     if path:
         benchmark = config.benchmark
-        records = [r for r in BENCHMARK_LOADERS[benchmark](path) if r.answer is not None][:limit]
+        records = [r for r in load_benchmark(benchmark, path) if r.answer is not None][:limit]
         questions = [types.SimpleNamespace(text=r.question, answer=r.answer, id=r.id) for r in records]
         sets[f"{benchmark}_file"] = (questions, functools.partial(_score_record, benchmark))
     return sets

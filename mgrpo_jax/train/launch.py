@@ -1,15 +1,82 @@
-"""What `launch/tpu_run.py` calls after flags and process setup: pick the role, build, run."""
+"""What `launch/tpu_run.py` calls after flags and process setup: check the inputs, pick the role, build, run.
+
+`check(config, workdir, role)` finds every problem of the user's inputs that shows before anything is built
+(the config, via `mgrpo_jax.config.validate`; a workdir that cannot be written; missing or malformed benchmark
+files) and raises it as a `UsageError`; `run` calls it first, and `launch/tpu_run.py` turns a `UsageError` into
+one `error:` message and exit status 2.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import uuid
 
 from mgrpo_jax.config import validate
 
 log = logging.getLogger("mgrpo_jax")
 
 COMPILATION_CACHE = ".jax_cache"
+
+
+class UsageError(ValueError):
+    """A problem with what the user passed (config, workdir, benchmark files), found before anything is built.
+    The message is complete on its own: it names the input and says what is wrong."""
+
+
+def check_workdir(workdir: str) -> None:
+    """Creates `workdir` and writes (then removes) a probe file in it: an unwritable workdir fails here, not after
+    the world and the models are built. Remote workdirs (`gs://...`) are not probed."""
+    if "://" in workdir:
+        return
+    if not workdir:
+        raise UsageError("--workdir is empty")
+    probe = os.path.join(workdir, f".write_probe.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("probe\n")
+        os.remove(probe)
+    except FileExistsError:
+        raise UsageError(f"workdir {workdir}: is a file, not a folder") from None
+    except NotADirectoryError:
+        raise UsageError(f"workdir {workdir}: cannot create it: part of the path is a file, not a folder") from None
+    except OSError as e:  # permission denied, a read-only file system, a full disk, ...
+        raise UsageError(f"workdir {workdir}: cannot write there ({e.strerror or e})") from None
+
+
+def check_benchmark_files(config) -> int:
+    """Loads `config.env.benchmark_path` (if set) with `config.benchmark`'s loader, as evaluation will: a missing,
+    empty or malformed file, or one without a single gold answer, fails here. Returns the number of records."""
+    path = config.env.benchmark_path
+    if not path:
+        return 0
+    from mgrpo_jax.env.benchmarks import LOADERS, BenchmarkFormatError, load_benchmark
+
+    if config.benchmark not in LOADERS:  # validate reports the benchmark name itself
+        return 0
+    if not os.path.exists(path):
+        raise UsageError(f"env.benchmark_path={path}: no such file or folder")
+    try:
+        records = load_benchmark(config.benchmark, path)
+    except BenchmarkFormatError as e:  # "<file>: <line or row>: <problem>"
+        raise UsageError(f"env.benchmark_path: {e}") from None
+    if all(r.answer is None for r in records):
+        raise UsageError(f"env.benchmark_path={path}: none of its {len(records)} records has a gold answer (a test "
+                         "split?); evaluation needs them")
+    return len(records)
+
+
+def check(config, workdir: str, role: str = "colocated") -> None:
+    """Every problem of the inputs that shows before anything is built, as a `UsageError`: the config's
+    (`validate`, all listed in one message), then the workdir's, then the benchmark files'."""
+    try:
+        validate(config, role)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_workdir(workdir)
+    check_benchmark_files(config)
 
 
 def enable_compilation_cache(workdir: str) -> str | None:
@@ -27,19 +94,27 @@ def enable_compilation_cache(workdir: str) -> str | None:
     return path
 
 
-def run(config, workdir: str, role: str = "colocated") -> dict:
-    """`colocated`: both agents in this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
-    validate(config, role)  # a bad config fails here, before anything is built
+def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
+    """(the last step's metrics, the run's status: finished, preempted or stopped). `colocated`: both agents in
+    this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
+    check(config, workdir, role)  # bad inputs fail here, before anything is built
     enable_compilation_cache(workdir)
     if role == "colocated":
         from mgrpo_jax.train.trainer import Trainer
 
-        summary = Trainer(config, workdir).run()
+        trainer = Trainer(config, workdir)
     elif role in ("main", "sub"):
         from mgrpo_jax.train.decoupled import MainRole, SubRole
 
-        summary = (MainRole if role == "main" else SubRole)(config, workdir).run()
+        trainer = (MainRole if role == "main" else SubRole)(config, workdir)
     else:
         raise ValueError(f"unknown role {role!r}: expected colocated, main or sub")
-    log.info("done (%s): %s", role, {k: round(v, 4) for k, v in summary.items() if "reward" in k or "accuracy" in k})
-    return summary
+    summary = trainer.run()
+    log.info("%s (%s): %s", trainer.status, role,
+             {k: round(v, 4) for k, v in summary.items() if ("reward" in k or "accuracy" in k) and v is not None})
+    return summary, trainer.status
+
+
+def run(config, workdir: str, role: str = "colocated") -> dict:
+    """`execute`'s metrics."""
+    return execute(config, workdir, role)[0]

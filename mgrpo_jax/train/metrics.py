@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -31,6 +32,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RATE_KEYS = ("episodes", "tokens")
 
@@ -141,6 +144,10 @@ class MetricWriter:
             return values
         now = time.time()
         step_key = "step" if prefix_step is None else f"{prefix_step}_step"
+        if os.fstat(self._file.fileno()).st_nlink == 0:  # deleted under a running job: lines would vanish
+            log.warning("%s was deleted during the run: continuing in a new file from step %d", self.jsonl_path, step)
+            self._file.close()
+            self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
         self._file.write(json.dumps({step_key: int(step), "time": now, **values}) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -277,7 +284,8 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
         ax.plot(steps, vals, color="tab:blue", alpha=0.3, linewidth=1.0, label="raw")
         ax.plot(steps, ema_curve(vals, ema), color="tab:blue", linewidth=2.0, label=f"EMA {ema:g}")
         ax.set_title(k)
-        ax.set_xlabel("step")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(k.rsplit("/", 1)[-1])
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize="small")
@@ -289,9 +297,63 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
     return list(series)
 
 
-def write_summary(workdir: str, summary: Mapping[str, Any], curve_keys: Sequence[str] = ()) -> None:
-    """`summary.json` (the last step's metrics) and, given `curve_keys`, their curves as `rewards.png`."""
+def _finite(value):
+    """`value` with every non-finite float as None (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+BEST_SUFFIXES = ("/reward", "/correct", "/accuracy")
+
+
+def best_metrics(jsonl_path: str | os.PathLike, suffixes: Sequence[str] = BEST_SUFFIXES) -> dict[str, dict]:
+    """{key: {"value", "step"}}: the highest value of each reward / correctness / accuracy metric in the log."""
+    best: dict[str, dict] = {}
+    for record in read_jsonl(jsonl_path) if os.path.exists(jsonl_path) else []:
+        for k, v in record.items():
+            if k.endswith(tuple(suffixes)) and _is_number(v) and "step" in record and math.isfinite(v):
+                if k not in best or v > best[k]["value"]:
+                    best[k] = {"value": float(v), "step": int(record["step"])}
+    return best
+
+
+def write_summary(workdir: str, summary: Mapping[str, Any], curve_keys: Sequence[str] = (),
+                  run: Mapping[str, Any] | None = None) -> list[str]:
+    """`summary.json`: the last step's metrics at the top level, and under `"run"` the run-level record (`run`,
+    plus the best value of each reward / accuracy metric and the files the run wrote). With `curve_keys`, also
+    their curves as `rewards.png`; a plot that fails is a warning, never a failed run. The JSON is strict (no
+    NaN) and replaced atomically. Returns the files written, relative to `workdir`."""
+    jsonl = os.path.join(workdir, "metrics.jsonl")
     if curve_keys:
-        plot_curves(os.path.join(workdir, "metrics.jsonl"), list(curve_keys), os.path.join(workdir, "rewards.png"))
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(dict(summary), f, indent=1, sort_keys=True)
+        try:
+            plot_curves(jsonl, list(curve_keys), os.path.join(workdir, "rewards.png"),
+                        title=f"{', '.join(curve_keys)} per RL step")
+        except (OSError, ValueError) as e:
+            log.warning("rewards.png not written: %s", e)
+    names = ("metrics.jsonl", "tb", "rewards.png", "checkpoints", "transcripts.jsonl", "curriculum.json",
+             "tokenizer.model", "summary.json")
+    files = [n for n in names if n == "summary.json" or os.path.exists(os.path.join(workdir, n))]
+    record, run = dict(summary), dict(run or {})
+    if hasattr(run.get("config"), "to_json_best_effort"):  # an ml_collections config
+        run["config"] = json.loads(run["config"].to_json_best_effort())
+    record["run"] = {**run, "best": best_metrics(jsonl), "files": files}
+    path = os.path.join(workdir, "summary.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(_finite(record), f, indent=1, sort_keys=True, allow_nan=False)
+    os.replace(path + ".tmp", path)
+    return files
+
+
+def read_summary(workdir: str) -> dict:
+    """The last step's metrics recorded in `workdir/summary.json` ({} when there is none or it is unreadable)."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            record = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: v for k, v in record.items() if k != "run"} if isinstance(record, dict) else {}

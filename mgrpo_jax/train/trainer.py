@@ -1,7 +1,5 @@
 """The M-GRPO run: warm start, then RL steps of the whole system, with evaluation, checkpoints and logs.
-
-    trainer = Trainer(config, workdir)
-    trainer.run()          # resumes from the workdir's latest checkpoint if there is one
+`Trainer(config, workdir).run()` resumes from the workdir's latest checkpoint if there is one.
 
 One RL step (`rl_step`), for every mode and for both jobs of the decoupled mode (which differ only in their
 exchange, mgrpo_jax/train/exchange.py):
@@ -24,12 +22,12 @@ import jax
 
 from mgrpo_jax.core import TargetsConfig, mgrpo_targets
 from mgrpo_jax.env.pipeline import question_iterator
-from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
+from mgrpo_jax.env.prompts import SUB
 from mgrpo_jax.store import open_store
 from mgrpo_jax.train import curriculum, evaluation, sides, system, warmstart
 from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard, init_from_checkpoint
 from mgrpo_jax.train.exchange import Exchange, InProcessExchange
-from mgrpo_jax.train.metrics import MetricWriter, write_summary
+from mgrpo_jax.train.metrics import MetricWriter, read_summary, write_summary
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -39,10 +37,9 @@ class Trainer:
     agent_subset = None  # the agents this process holds (None: all); each job of the decoupled mode sets it
 
     def __init__(self, config, workdir: str):
-        self.config = config
+        self.config, self.step, self.warm_started = config, 0, config.warmstart.steps == 0
         self.workdir = workdir if "://" in workdir else os.path.abspath(workdir)  # Orbax needs absolute paths
-        self.is_main_process = jax.process_index() == 0
-        self.top_name = SINGLE if config.mode == "single_agent" else MAIN
+        self.is_main_process, self.top_name = jax.process_index() == 0, system.agent_names(config.mode)[0]
         os.makedirs(self.workdir, exist_ok=True)
         start = time.perf_counter()
         self.env = system.build_environment(config)
@@ -51,17 +48,15 @@ class Trainer:
         self.holds_every_agent = self.agent_subset is None
         self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.store = open_store(config.store)
-        self.writer = MetricWriter(self.workdir, enabled=self.is_main_process, total_steps=config.train.steps,
-                                   console_keys=(f"{self.top_name}/reward", f"{self.top_name}/correct",
-                                                 "sub/reward", "time/step_s"))
+        shown = (f"{self.top_name}/reward", f"{self.top_name}/correct", "sub/reward", "time/step_s")
+        self.writer = MetricWriter(self.workdir, self.is_main_process, total_steps=config.train.steps,
+                                   console_keys=shown)
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
         self.targets_config = TargetsConfig.from_config(config)
         self.questions = curriculum.training_questions(config, self.env, self.workdir)
         self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
-        self.step = 0
-        self.warm_started = config.warmstart.steps == 0
-        unsync_here = config.mode == "mgrpo_unsync" and SUB in self.agents
-        self.fifo = self.store.fifo("sub_trajectories") if unsync_here else None
+        unsync = config.mode == "mgrpo_unsync" and SUB in self.agents
+        self.fifo = self.store.fifo("sub_trajectories") if unsync else None
         self.fifo_consumer = self.fifo.consumer("sub_trainer") if self.fifo else None
         self.exchange = self.make_exchange()
         self.engine.sub_executor = self.exchange.delegate
@@ -82,16 +77,12 @@ class Trainer:
         return summary
 
     def init_from_checkpoint(self, path: str) -> int:
-        """Starts every agent here from another run's latest checkpoint (stage 2 from stage 1), with a fresh
-        optimizer and no warm start. Returns the source step."""
-        step = init_from_checkpoint(path, self.agents)
+        """Every agent here from another run's latest checkpoint (stage 2 from stage 1); returns its step."""
         self.warm_started = True
-        return step
+        return init_from_checkpoint(path, self.agents)
 
-    def evaluate(self) -> dict:
-        if not self.holds_every_agent:  # the held-out sets run the whole system
-            return {}
-        return evaluation.evaluate(self.config, self.env, self.engine, self.step)
+    def evaluate(self) -> dict:  # the held-out sets run the whole system
+        return evaluation.evaluate(self.config, self.env, self.engine, self.step) if self.holds_every_agent else {}
 
     # -- one RL step ------------------------------------------------------------------------------------
 
@@ -139,10 +130,11 @@ class Trainer:
         self.checkpointer.save(self.step, {n: a.state for n, a in self.agents.items()}, self.host_state(), force=force)
 
     def restore(self) -> bool:
-        if self.checkpointer.latest_step() is None:
-            return False
         # The current states are the restore targets: their shapes and shardings place the restored arrays.
-        states, host = self.checkpointer.restore({name: agent.state for name, agent in self.agents.items()})
+        restored = self.checkpointer.restore_latest({name: agent.state for name, agent in self.agents.items()})
+        if restored is None:
+            return False
+        _, states, host = restored
         for name, agent in self.agents.items():
             agent.state = states[name]
             agent.publish()
@@ -155,12 +147,21 @@ class Trainer:
         return True
 
     def run(self) -> dict:
-        cfg, summary = self.config, {}
+        """Warm start (or resume), RL steps, evaluations and checkpoints; returns the last step's metrics. A run
+        that already finished is left as it is. `self.status` ends as finished, preempted or stopped."""
+        cfg, summary, start, self.status = self.config, {}, time.time(), "stopped"
         with PreemptionGuard() as guard:
-            if not self.restore():
+            if self.restore():
+                if self.step >= cfg.train.steps:
+                    log.info("already finished at step %d (train.steps=%d): nothing to do", self.step,
+                             cfg.train.steps)
+                    self.status = "finished"
+                    return read_summary(self.workdir)
+            else:
                 if cfg.init_checkpoint:
                     self.init_from_checkpoint(cfg.init_checkpoint)
                 elif not self.warm_started and not self.warm_start(guard):
+                    self.status = "preempted"
                     return {}
                 if self.top_name in self.agents and cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
                     self.filter_curriculum()
@@ -184,11 +185,15 @@ class Trainer:
                 self.exchange.after_save(self.checkpointer.all_steps())
                 if stop:
                     log.warning("preempted at step %d: checkpoint written, exiting", self.step)
+                    self.status = "preempted"
                     break
         self.checkpointer.wait()
-        if self.is_main_process:  # a warm-start-only run, or the sub job, has no reward curve
-            plot = self.step > 0 and self.top_name in self.agents
-            write_summary(self.workdir, summary, [f"{self.top_name}/reward", "sub/reward"] if plot else [])
         if self.step >= cfg.train.steps:
+            self.status = "finished"
+        if self.is_main_process:  # a warm-start-only run, or the sub job, has no reward curve
+            curves = [f"{self.top_name}/reward", "sub/reward"] if self.step > 0 and self.top_name in self.agents else []
+            write_summary(self.workdir, summary, curves, {"status": self.status, "step": self.step, "mode": cfg.mode,
+                                                          "wall_time_s": time.time() - start, "config": cfg})
+        if self.status == "finished":
             self.exchange.finish(self.step)
         return summary

@@ -5,8 +5,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from mgrpo_jax.env.benchmarks import (
+    LOADERS,
     BenchmarkFormatError,
     gaia_text_only,
+    load_benchmark,
     load_gaia,
     load_webwalker,
     load_xbench,
@@ -178,3 +180,60 @@ def test_webwalker_errors(tmp_path):
     path.write_text("[1, 2]")
     with pytest.raises(BenchmarkFormatError, match="element 0: a record must be a JSON object"):
         load_webwalker(path)
+
+
+# ---------------------------------------------------------------- files that are not benchmark files at all
+
+_HEADER = b"id,prompt,answer,reference_steps,canary\n"
+_DEEP = b"[" * 50000 + b"]" * 50000
+
+
+@pytest.mark.parametrize(
+    ("loader", "name", "data", "message"),
+    [
+        (load_gaia, "metadata.jsonl", b"", "file: no records"),
+        (load_gaia, "metadata.jsonl", b"\n  \n", "file: no records"),
+        (load_xbench, "DeepSearch.csv", b"", "file: no records"),
+        (load_xbench, "DeepSearch.csv", b"\xef\xbb\xbf" + _HEADER, r"file: no records \(a header and no rows\)"),
+        (load_webwalker, "main.jsonl", b"", "file: no records"),
+        (load_webwalker, "test.json", b"[]", "file: no records"),
+        (load_gaia, "metadata.jsonl", json.dumps(_gaia_rows(int)[0]).encode() + b"\n\x89PNG\r\n\x1a\n\x00\xff",
+         r"line 2: not UTF-8 text \(byte 0x89 at column 1"),
+        (load_xbench, "DeepSearch.csv", _HEADER + b'"1","a\xffb","c","d","e"\n',
+         r"line 2: not UTF-8 text \(byte 0xff at column 7"),
+        (load_webwalker, "main.jsonl", bytes(range(1, 256)), r"line 3: not UTF-8 text \(byte 0x80 at column 115"),
+        (load_webwalker, "main.jsonl", b"{}\r\n{\x00}", r"line 2: not text \(a NUL byte at column 2"),
+        (load_xbench, "DeepSearch.csv", _HEADER + b'"1","\x00","c","d","e"\n', "line 2: not text"),
+        (load_webwalker, "test.json", b"[\n" + json.dumps(_WW_LOWER).encode() + b",\n\xc3(]", "line 3: not UTF-8"),
+        (load_gaia, "metadata.jsonl", json.dumps(_gaia_rows(int)[0]).encode() + b"\n" + _DEEP,
+         "line 2: JSON nested too deeply"),
+        (load_webwalker, "main.jsonl", _DEEP, "line 1: JSON nested too deeply"),
+        (load_webwalker, "test.json", b"[\n" + json.dumps(_WW_LOWER).encode() + b",\n" + b'{"a":' * 20000
+         + b"1" + b"}" * 20000 + b"]", "line 3: JSON nested too deeply"),
+    ],
+)
+def test_empty_binary_and_deeply_nested_files_are_refused_with_file_and_line(tmp_path, loader, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(BenchmarkFormatError, match=message) as error:
+        loader(path)
+    assert str(error.value).startswith(f"{path}: ")
+    assert isinstance(error.value, ValueError)
+
+
+def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
+    path = tmp_path / "main.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(_WW_LOWER).encode() + b"\r\n")
+    assert load_webwalker(path)[0].question == _WW_LOWER["question"]
+    gaia = tmp_path / "metadata.jsonl"
+    gaia.write_bytes(b"\xef\xbb\xbf" + json.dumps(_gaia_rows(int)[0]).encode())
+    assert load_gaia(gaia)[0].id == "aaaa-1"
+
+
+def test_load_benchmark_by_name(tmp_path):
+    path = tmp_path / "main.jsonl"
+    path.write_text(json.dumps(_WW_LOWER) + "\n")
+    assert set(LOADERS) == {"gaia", "xbench", "webwalker"}
+    assert load_benchmark("webwalker", path) == load_webwalker(path)
+    with pytest.raises(ValueError, match="unknown benchmark 'mmlu'"):
+        load_benchmark("mmlu", path)

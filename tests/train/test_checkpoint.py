@@ -92,3 +92,46 @@ def test_sigterm_sets_the_flag_and_handlers_are_restored():
         assert guard.requested and guard.should_stop() and guard.triggered
         assert guard.received == [signal.SIGTERM]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_sigint_stops_like_sigterm_and_a_second_one_interrupts():
+    before = signal.getsignal(signal.SIGINT)
+    with PreemptionGuard() as guard:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: checkpoint and stop at the end of the step
+        assert guard.should_stop() and guard.received == [signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again: now
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+def _damage(directory, what: str) -> None:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and what in str(p.relative_to(directory)))
+    assert files, what
+    for path in files:
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # cut short, as by a full disk
+
+
+@pytest.mark.parametrize("what", ["main", "host_state"])
+def test_restore_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog, what):
+    tree = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    target = {"main": {"w": jax.ShapeDtypeStruct((2, 3), np.float32)}}
+    with Checkpointer(tmp_path, keep=None) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, {"main": {"w": tree["w"] + step}}, {"step": step}, force=True)
+    _damage(tmp_path / "checkpoints" / "3", what)
+    with Checkpointer(tmp_path, keep=None) as ckpt:
+        step, states, host = ckpt.restore_latest(target)
+    assert (step, host["step"]) == (2, 2)
+    np.testing.assert_array_equal(states["main"]["w"], tree["w"] + 2)
+    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warnings) == 1 and "checkpoints/3" in warnings[0]
+
+
+def test_restore_latest_without_checkpoints_is_none_and_all_damaged_raises(tmp_path):
+    target = {"main": {"w": jax.ShapeDtypeStruct((2,), np.float32)}}
+    with Checkpointer(tmp_path) as ckpt:
+        assert ckpt.restore_latest(target) is None
+        ckpt.save(1, {"main": {"w": np.ones(2, np.float32)}}, {"step": 1}, force=True)
+    _damage(tmp_path / "checkpoints" / "1", "main")
+    with Checkpointer(tmp_path) as ckpt, pytest.raises(ValueError, match="no checkpoint in .* restores"):
+        ckpt.restore_latest(target)

@@ -12,7 +12,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
-from mgrpo_jax.train.metrics import MetricWriter, ema_curve, plot_curves, read_jsonl
+from mgrpo_jax.train.metrics import MetricWriter, ema_curve, plot_curves, read_jsonl, read_summary, write_summary
 
 
 def _read_events(tb_dir):
@@ -126,3 +126,32 @@ def test_truncate_after_on_an_open_writer_and_warmstart_steps(tmp_path):
               if e.WhichOneof("what") == "session_log" and e.session_log.status == 1]
     assert purges == [3]
     assert plot_curves(tmp_path / "metrics.jsonl", ["main/reward"], tmp_path / "r.png") == ["main/reward"]
+
+
+def test_a_deleted_log_is_continued_in_a_new_file(tmp_path, caplog):
+    writer = MetricWriter(tmp_path, enabled=True, tensorboard=False, console=False)
+    writer.write(1, {"loss": 1.0})
+    os.remove(writer.jsonl_path)  # e.g. a user cleaning up while the job runs
+    writer.write(2, {"loss": 0.5})
+    writer.close()
+    assert [r["step"] for r in read_jsonl(writer.jsonl_path)] == [2]
+    assert "was deleted during the run" in caplog.text
+
+
+def test_summary_is_strict_json_with_the_run_record_and_survives_a_failed_plot(tmp_path, caplog):
+    writer = MetricWriter(tmp_path, enabled=True, tensorboard=False, console=False)
+    for step, reward in ((1, 0.2), (2, 0.7), (3, 0.4)):
+        writer.write(step, {"main/reward": reward, "main/train/loss": float("nan")})
+    writer.close()
+    files = write_summary(str(tmp_path), {"main/reward": 0.4, "main/train/loss": float("nan")},
+                          curve_keys=["no/such/metric"], run={"status": "finished", "step": 3})
+    text = (tmp_path / "summary.json").read_text()
+    record = json.loads(text)  # strict: NaN became null
+    assert "NaN" not in text and record["main/train/loss"] is None
+    assert record["run"]["best"] == {"main/reward": {"value": 0.7, "step": 2}}
+    assert record["run"]["status"] == "finished" and files == record["run"]["files"] == ["metrics.jsonl",
+                                                                                          "summary.json"]
+    assert "rewards.png not written" in caplog.text and not (tmp_path / "rewards.png").exists()
+    assert read_summary(str(tmp_path)) == {"main/reward": 0.4, "main/train/loss": None}
+    (tmp_path / "summary.json").write_text("{not json")
+    assert read_summary(str(tmp_path)) == {}

@@ -41,6 +41,10 @@ def test_smoke_preset_runs_end_to_end(tmp_path):
     assert (tmp_path / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "summary.json").read_text())["main/reward"] == summary["main/reward"]
     assert (tmp_path / "checkpoints").is_dir() and (tmp_path / "tokenizer.model").is_file()
+    run = json.loads((tmp_path / "summary.json").read_text())["run"]  # the run-level record
+    assert (run["status"], run["step"], run["mode"], run["config"]["train"]["steps"]) == ("finished", 2, "mgrpo", 2)
+    assert run["wall_time_s"] > 0 and run["best"]["main/reward"]["step"] in (1, 2)
+    assert {"metrics.jsonl", "tb", "rewards.png", "checkpoints", "summary.json"} <= set(run["files"])
 
 
 @pytest.mark.slow
@@ -52,6 +56,11 @@ def test_resumed_run_reproduces_the_uninterrupted_metrics(tmp_path):
     Trainer(_smoke(steps=3), str(interrupted)).run()  # a new process would do the same: resume at step 1
     a, b = _rl_records(straight), _rl_records(interrupted)
     assert [r["step"] for r in b] == [1, 2, 3]
+    # Running a finished run again changes nothing and says so.
+    before = (straight / "summary.json").read_text()
+    again = Trainer(_smoke(steps=3), str(straight))
+    assert again.run() == {k: v for k, v in json.loads(before).items() if k != "run"}
+    assert again.status == "finished" and (straight / "summary.json").read_text() == before
     for ra, rb in zip(a, b, strict=True):
         for key in DETERMINISTIC_KEYS:
             if key in ra:
