@@ -111,7 +111,7 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
         raise ValueError(f"unknown role {role!r}: expected colocated, main or sub")
     summary = trainer.run()
     log.info("%s (%s): %s", trainer.status, role,
-             {k: round(v, 4) for k, v in summary.items() if ("reward" in k or "accuracy" in k) and v is not None})
+             {k: round(v, 4) for k, v in summary.items() if k.endswith(("/reward", "/accuracy")) and v is not None})
     return summary, trainer.status
 
 
