@@ -30,6 +30,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from mgrpo_jax.core.registry import Registry
+
 SCALES = ("group", "batch", "none")
 BASELINES = ("mean", "leave_one_out")
 
@@ -111,31 +113,20 @@ def sub_advantages(rewards, weights, *, estimator: str = "grpo", **hparams):
     return flat.reshape(q, k, d)
 
 AdvantageFn = Callable[..., jax.Array]
-_ESTIMATORS: dict[str, AdvantageFn] = {}
+_ESTIMATORS = Registry("advantage estimator")
 
 
 def register_advantage(name: str, *, overwrite: bool = False):
     """Decorator registering `fn(rewards [G, N], weights [G, N], **hparams) -> advantages [G, N]` under `name`."""
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in _ESTIMATORS and not overwrite and _ESTIMATORS[name] is not fn:
-            raise ValueError(f"an advantage estimator named {name!r} is already registered; pass overwrite=True")
-        _ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return _ESTIMATORS.register(name, overwrite=overwrite)
 
 
 def get_advantage(name: str) -> AdvantageFn:
-    try:
-        return _ESTIMATORS[name]
-    except KeyError:
-        known = ", ".join(available_advantages())
-        raise KeyError(f"unknown advantage estimator {name!r}; registered: {known}") from None
+    return _ESTIMATORS.get(name)
 
 
 def available_advantages() -> list[str]:
-    return sorted(_ESTIMATORS)
+    return _ESTIMATORS.names()
 
 
 register_advantage("grpo")(group_advantages)

@@ -23,6 +23,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mgrpo_jax.core.registry import Registry
+
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 RATIO_LEVELS = ("token", "sequence", "sequence-mean")
 KL_ESTIMATORS = ("k1", "k3")
@@ -144,30 +146,20 @@ def ppo_clip_loss(
 
 
 LossFn = Callable[..., tuple[jax.Array, jax.Array, dict]]
-_REGISTRY: dict[str, LossFn] = {}
+_REGISTRY = Registry("loss", "registered losses")
 
 
 def register_loss(name: str, *, overwrite: bool = False):
     """Decorator registering `fn(inputs, **hparams) -> (loss_sum, denominator, metrics)` under `name`."""
-
-    def decorator(fn: LossFn) -> LossFn:
-        if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
-            raise ValueError(f"a loss named {name!r} is already registered; pass overwrite=True to replace it")
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorator
+    return _REGISTRY.register(name, overwrite=overwrite)
 
 
 def get_loss(name: str) -> LossFn:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown loss {name!r}; registered losses: {', '.join(available_losses())}") from None
+    return _REGISTRY.get(name)
 
 
 def available_losses() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 @register_loss("grpo")
