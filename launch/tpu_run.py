@@ -234,7 +234,7 @@ def _parse_flags_or_exit(argv: list[str]) -> list[str]:
 def main(argv):
     del argv
     config, workdir, role = _CONFIG.value, _WORKDIR.value, _ROLE.value
-    from mgrpo_jax.train.launch import check, execute
+    from mgrpo_jax.train.launch import check, execute, log_to_file
 
     try:  # on every process, before jax.distributed and before anything is built
         check(config, workdir, role)
@@ -257,6 +257,8 @@ def main(argv):
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)  # absl's handler may already be installed, making basicConfig a no-op
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every checkpoint file at INFO
+    if jax.process_index() == 0:
+        log_to_file(workdir, role)
     logging.getLogger("mgrpo_jax").info(
         "preset %s (%s backend, %d devices, %d processes), mode %s, benchmark %s, workdir %s", config.preset,
         jax.default_backend(), jax.device_count(), jax.process_count(), config.mode, config.benchmark, workdir)

@@ -26,6 +26,7 @@ import os
 import sys
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
 PRESETS = ("smoke", "local", "figures", "paper")
@@ -48,9 +49,13 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"  # a name registered in mgrpo_jax.core.losses (register_loss)
+    # The loss's keyword arguments. Unset (None) ones take the loss's own defaults (`loss_defaults(name)`: grpo's
+    # clip range is 0.2/0.28 per token, gspo's 3e-4/4e-4 on the sequence-mean ratio, ...). kl_coef > 0 builds a frozen
+    # reference policy (the agent's initial weights) whose log-probs the loss's KL term (kl_estimator) uses.
     agent.loss_hparams = ml_collections.ConfigDict(
-        {"eps_low": 0.2, "eps_high": 0.28, "aggregation": "seq-mean-token-mean", "ratio_level": "token",
-         "kl_coef": 0.0})
+        {"eps_low": placeholder(float), "eps_high": placeholder(float), "aggregation": placeholder(str),
+         "ratio_level": placeholder(str), "dual_clip": placeholder(float), "max_tokens": placeholder(int),
+         "kl_coef": 0.0, "kl_estimator": "k3"})
     agent.optim = ml_collections.ConfigDict(
         {"lr": lr, "warmup_steps": 0, "decay": "constant", "total_steps": 0, "b1": 0.9, "b2": 0.98,
          "weight_decay": 0.1, "grad_clip_norm": 1.0})
@@ -137,6 +142,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.warmstart.min_steps = 0  # ... but not before this many steps
     c.warmstart.check_every = 0
     c.warmstart.format_questions = 64
+    # Warm-start checkpoints (<workdir>/warmstart_checkpoints) every this many steps, counted over all agents, and on
+    # preemption: a resumed run continues the warm start from there. Dropped once the first RL checkpoint exists.
+    c.warmstart.checkpoint_every = 50
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 50  # RL steps
@@ -296,7 +304,7 @@ def _check_model(p: _Problems, name: str) -> None:
 
 
 def _check_agent(p: _Problems, name: str) -> None:
-    from mgrpo_jax.core.losses import AGGREGATIONS, RATIO_LEVELS, available_losses
+    from mgrpo_jax.core.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, available_losses
     from mgrpo_jax.train.optim import DECAYS
 
     try:
@@ -320,13 +328,17 @@ def _check_agent(p: _Problems, name: str) -> None:
             p.add(f"{name}.mesh", sizes, "at most one axis may be -1")
     hparams = p.get(f"{name}.loss_hparams")
     if hparams is not _MISSING:
-        if "aggregation" in hparams:
+        if hparams.get("aggregation") is not None:
             p.choice(f"{name}.loss_hparams.aggregation", AGGREGATIONS)
-        if "ratio_level" in hparams:
+        if hparams.get("ratio_level") is not None:
             p.choice(f"{name}.loss_hparams.ratio_level", RATIO_LEVELS)
-        for key in ("eps_low", "eps_high", "kl_coef"):
-            if key in hparams:
+        for key in ("eps_low", "eps_high", "kl_coef", "max_tokens"):
+            if hparams.get(key) is not None:
                 p.number(f"{name}.loss_hparams.{key}", 0)
+        if hparams.get("dual_clip") is not None:
+            p.number(f"{name}.loss_hparams.dual_clip", above=1)
+        if hparams.get("kl_estimator") is not None:
+            p.choice(f"{name}.loss_hparams.kl_estimator", KL_ESTIMATORS)
     for optim in ("optim", "sft"):
         p.choice(f"{name}.{optim}.decay", DECAYS)
         p.number(f"{name}.{optim}.lr", 0)
@@ -418,6 +430,7 @@ def validate(config, role: str | None = None) -> None:
 
     for field in ("steps", "batch_size", "examples", "min_steps", "check_every", "format_questions"):
         p.number(f"warmstart.{field}", 1 if field in ("batch_size", "examples") else 0)
+    p.number("warmstart.checkpoint_every", 1)
     p.number("warmstart.format_target", 0, 1)
     for field in ("steps", "eval_every", "eval_questions", "checkpoint_every", "log_transcripts"):
         p.number(f"train.{field}", 0)

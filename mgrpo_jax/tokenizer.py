@@ -110,9 +110,10 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
-        """Load any SentencePiece ``.model`` file (local path)."""
-        with open(path, "rb") as f:
-            return cls.from_bytes(f.read())
+        """Load any SentencePiece ``.model`` file (a local path or ``gs://``)."""
+        from etils import epath
+
+        return cls.from_bytes(epath.Path(path).read_bytes())
 
     @classmethod
     def from_bytes(cls, model_proto: bytes) -> Tokenizer:
@@ -123,8 +124,10 @@ class Tokenizer:
         return self._proto
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "wb") as f:
-            f.write(self._proto)
+        """Writes the model proto to ``path`` (local or ``gs://``)."""
+        from etils import epath
+
+        epath.Path(path).write_bytes(self._proto)
 
     @classmethod
     def train(

@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from mgrpo_jax import config as config_lib
 from mgrpo_jax.config import BENCHMARKS, MODES, PRESETS, get_config, validate
+from mgrpo_jax.core.losses import loss_defaults
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,8 @@ def test_paper_preset_carries_the_paper_settings():
     c = get_config("xbench", "paper")
     assert (c.rollout.samples, c.rollout.d_max) == (8, 8)
     assert tuple(c.rewards.alpha) == (0.1, 0.9) and tuple(c.rewards.beta) == (0.1, 0.4, 0.5)
-    assert (c.main.loss_hparams.eps_low, c.main.loss_hparams.eps_high, c.main.loss_hparams.kl_coef) == (0.2, 0.28, 0)
+    assert c.main.loss == "grpo" and c.main.loss_hparams.eps_low is None and c.main.loss_hparams.kl_coef == 0
+    assert (loss_defaults("grpo")["eps_low"], loss_defaults("grpo")["eps_high"]) == (0.2, 0.28)  # the paper's clip
     assert c.main.model == "qwen3-8b" and c.sub.model == "qwen3-8b"
 
 
@@ -96,13 +98,15 @@ def test_package_get_config_is_the_experiment_files(benchmark):
 def test_experiment_files_load_through_config_flags(benchmark):
     """As launch/tpu_run.py loads them: --config=FILE:preset,mode plus --config.FIELD overrides."""
     path = os.path.join(ROOT, "experiments", f"{benchmark}.py")
-    argv = [sys.argv[0], f"--config={path}:local,frozen_sub", "--config.main.loss=gspo", "--config.seed=3"]
+    argv = [sys.argv[0], f"--config={path}:local,frozen_sub", "--config.main.loss=gspo", "--config.seed=3",
+            "--config.main.loss_hparams.eps_high=0.3"]  # an unset (None) hyper-parameter takes a value
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
     values(argv)
     config = values.config
     assert (config.benchmark, config.preset, config.mode, config.main.loss, config.seed) == (
         benchmark, "local", "frozen_sub", "gspo", 3)
+    assert (config.main.loss_hparams.eps_high, config.main.loss_hparams.eps_low) == (0.3, None)
     validate(config)
     argv = [sys.argv[0], f"--config={path}"]  # no preset: default_preset()
     values = flags.FlagValues()
@@ -126,6 +130,8 @@ def test_each_kind_of_problem_is_reported_with_its_field():
         "main.model": ("main.model", "llama-70b"),
         "main.optim.decay": ("main.optim.decay", "step"),
         "main.loss_hparams.aggregation": ("main.loss_hparams.aggregation", "sum"),
+        "main.loss_hparams.kl_estimator": ("main.loss_hparams.kl_estimator", "k2"),
+        "main.loss_hparams.dual_clip": ("main.loss_hparams.dual_clip", 0.5),
         "rollout.queries": ("rollout.queries", 0),
         "rollout.samples": ("rollout.samples", -1),
         "rollout.d_max": ("rollout.d_max", 0),

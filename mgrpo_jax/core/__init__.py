@@ -17,6 +17,7 @@ from mgrpo_jax.core.losses import (
     available_losses,
     get_loss,
     kl_penalty,
+    loss_defaults,
     ppo_clip_loss,
     register_loss,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "degenerate_groups",
     "gather_aligned",
     "get_loss",
+    "loss_defaults",
     "group_advantages",
     "kl_penalty",
     "main_advantages",

@@ -14,9 +14,11 @@ Register your own with
     @register_loss("my_loss")
     def my_loss(inputs, **hparams): ...
 
-and select it with `config.loss.name = "my_loss"`.
+and select it with `config.main.loss = "my_loss"`. `register_loss("my_loss", eps_high=0.3)` gives the loss its own
+defaults: the config's `loss_hparams` left unset (None) take them, the ones set override them.
 """
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -147,41 +149,59 @@ def ppo_clip_loss(
 
 LossFn = Callable[..., tuple[jax.Array, jax.Array, dict]]
 _REGISTRY = Registry("loss", "registered losses")
+_DEFAULTS: dict[str, dict] = {}
 
 
-def register_loss(name: str, *, overwrite: bool = False):
-    """Decorator registering `fn(inputs, **hparams) -> (loss_sum, denominator, metrics)` under `name`."""
-    return _REGISTRY.register(name, overwrite=overwrite)
+def register_loss(name: str, *, overwrite: bool = False, **defaults):
+    """Decorator registering `fn(inputs, **hparams) -> (loss_sum, denominator, metrics)` under `name`, with the
+    hyper-parameters it owns: `get_loss(name)` calls it with `defaults` under whatever the config sets."""
+    register = _REGISTRY.register(name, overwrite=overwrite)
+
+    def decorator(fn):
+        register(fn)
+        _DEFAULTS[name] = dict(defaults)
+        return fn
+
+    return decorator
+
+
+def loss_defaults(name: str) -> dict:
+    """The hyper-parameters loss `name` uses where the config leaves them unset."""
+    _REGISTRY.get(name)  # an unknown name is a KeyError listing the registered ones
+    return dict(_DEFAULTS.get(name, {}))
 
 
 def get_loss(name: str) -> LossFn:
-    return _REGISTRY.get(name)
+    """Loss `name` with its own defaults applied; keyword arguments given to the result override them."""
+    fn, defaults = _REGISTRY.get(name), _DEFAULTS.get(name)
+    return functools.partial(fn, **defaults) if defaults else fn
 
 
 def available_losses() -> list[str]:
     return _REGISTRY.names()
 
 
-@register_loss("grpo")
+GRPO_DEFAULTS = {"eps_low": 0.2, "eps_high": 0.28, "ratio_level": "token", "aggregation": "seq-mean-token-mean"}
+DR_GRPO_DEFAULTS = {**GRPO_DEFAULTS, "aggregation": "seq-mean-token-sum-norm"}
+GSPO_DEFAULTS = {**GRPO_DEFAULTS, "ratio_level": "sequence-mean", "eps_low": 3e-4, "eps_high": 4e-4}
+
+
+@register_loss("grpo", **GRPO_DEFAULTS)
 def grpo_loss(inputs: PolicyLossInputs, **hparams):
     """GRPO / M-GRPO: token-level clipped ratio, clip-higher (0.2, 0.28), per-sequence token mean."""
-    return ppo_clip_loss(inputs, **hparams)
+    return ppo_clip_loss(inputs, **{**GRPO_DEFAULTS, **hparams})
 
 
-@register_loss("dr_grpo")
+@register_loss("dr_grpo", **DR_GRPO_DEFAULTS)
 def dr_grpo_loss(inputs: PolicyLossInputs, **hparams):
     """Dr. GRPO: token sums normalised by a constant length, so long answers are not down-weighted.
 
     Pair it with `scale="none"` advantages, as the Dr. GRPO paper does.
     """
-    hparams.setdefault("aggregation", "seq-mean-token-sum-norm")
-    return ppo_clip_loss(inputs, **hparams)
+    return ppo_clip_loss(inputs, **{**DR_GRPO_DEFAULTS, **hparams})
 
 
-@register_loss("gspo")
+@register_loss("gspo", **GSPO_DEFAULTS)
 def gspo_loss(inputs: PolicyLossInputs, **hparams):
-    """GSPO: one length-normalised sequence ratio per trajectory, with GSPO's narrow clip range."""
-    hparams.setdefault("ratio_level", "sequence-mean")
-    hparams.setdefault("eps_low", 3e-4)
-    hparams.setdefault("eps_high", 4e-4)
-    return ppo_clip_loss(inputs, **hparams)
+    """GSPO: one length-normalised sequence ratio per trajectory, with GSPO's narrow clip range (3e-4, 4e-4)."""
+    return ppo_clip_loss(inputs, **{**GSPO_DEFAULTS, **hparams})

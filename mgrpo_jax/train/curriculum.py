@@ -6,28 +6,27 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import numpy as np
 
 from mgrpo_jax.env.questions import filter_low_success
 from mgrpo_jax.env.scoring import world_answer_correct
+from mgrpo_jax.train import files
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
 
 def curriculum_path(workdir: str) -> str:
-    return os.path.join(workdir, "curriculum.json")
+    return str(files.as_path(workdir) / "curriculum.json")
 
 
 def training_questions(config, env, workdir: str) -> list:
     """The stage's questions, or the kept ones when this workdir already filtered them."""
     questions = list(env.questions.split(config.stage))
-    path = curriculum_path(workdir)
-    if os.path.exists(path):
-        with open(path) as f:
-            kept = json.load(f)["kept"]
+    saved = files.read_text(curriculum_path(workdir))
+    if saved is not None:
+        kept = json.loads(saved)["kept"]
         by_id = {q.id: q for q in questions}
         questions = [by_id[i] for i in kept]
     return questions
@@ -55,8 +54,7 @@ def filter_curriculum(config, env, engine, workdir: str, write: bool = True) -> 
     summary = {"pool": len(pool), "kept": [q.id for q in kept], "samples": samples,
                "max_success": env_cfg.stage2_max_success, "mean_success": float(np.mean(list(rates.values())))}
     if write:
-        with open(curriculum_path(workdir), "w") as f:
-            json.dump(summary, f)
+        files.write_atomic(curriculum_path(workdir), json.dumps(summary))
     log.info("stage-2 curriculum: kept %d of %d questions (mean success %.3f)", len(kept), len(pool),
              summary["mean_success"])
     return kept, summary

@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import types
 
 import numpy as np
 
 from mgrpo_jax.env.benchmarks import load_benchmark
 from mgrpo_jax.env.scoring import score_benchmark_answer, world_answer_correct
+from mgrpo_jax.train import files
+from mgrpo_jax.train.progress import RunProgress
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,12 @@ def evaluation_sets(config, env) -> dict:
     return sets
 
 
-def evaluate(config, env, engine, step: int) -> dict:
+def evaluate(config, env, engine, step: int, progress: RunProgress | None = None) -> dict:
     """`eval/<set>/accuracy`: avg@`train.eval_runs` accuracy on each evaluation set, sampled at the rollout
-    temperature by the whole system."""
-    out = {}
-    for name, (questions, scorer) in evaluation_sets(config, env).items():
+    temperature by the whole system. With `progress`, a bar over the sets' questions and a log line per set."""
+    out, sets = {}, evaluation_sets(config, env)
+    bar = (progress or RunProgress(enabled=False)).phase(f"eval at step {step}", sum(len(q) for q, _ in sets.values()))
+    for name, (questions, scorer) in sets.items():
         if not questions:  # a world too small to draw this set
             log.warning("evaluation set %s is empty; skipped", name)
             continue
@@ -50,6 +52,10 @@ def evaluate(config, env, engine, step: int) -> dict:
         correct = [float(e.answer is not None and scorer(e.answer, questions[e.question_index].answer))
                    for row in result.top for e in row]
         out[f"eval/{name}/accuracy"] = float(np.mean(correct))
+        bar.update(bar.done + len(questions), accuracy=out[f"eval/{name}/accuracy"])
+        log.info("eval at step %d: %s accuracy %.3f (avg@%d over %d questions) | %s", step, name,
+                 out[f"eval/{name}/accuracy"], config.train.eval_runs, len(questions), bar.line())
+    bar.close()
     return out
 
 
@@ -57,7 +63,7 @@ def log_transcripts(path: str, rollout, step: int, count: int) -> None:
     """A few whole-system rollouts as text (main turns, delegated tasks, sub-agent answers), appended to `path`."""
     if not count:
         return
-    with open(path, "a") as f:
+    with files.AppendFile(path) as f:
         for episode in [e for row in rollout.top for e in row][:count]:
             question = rollout.questions[episode.question_index]
             record = {"step": step, "question": question.text, "gold": question.answer, "answer": episode.answer,
@@ -68,4 +74,4 @@ def log_transcripts(path: str, rollout, step: int, count: int) -> None:
 
 
 def transcripts_path(workdir: str) -> str:
-    return os.path.join(workdir, "transcripts.jsonl")
+    return str(files.as_path(workdir) / "transcripts.jsonl")

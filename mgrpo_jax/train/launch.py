@@ -14,10 +14,12 @@ import socket
 import uuid
 
 from mgrpo_jax.config import validate
+from mgrpo_jax.train import files
 
 log = logging.getLogger("mgrpo_jax")
 
 COMPILATION_CACHE = ".jax_cache"
+LOG_FILE = "run.log"  # every log record of the run, one line each (launch/tpu_run.py adds the handler)
 
 
 class UsageError(ValueError):
@@ -79,6 +81,16 @@ def check(config, workdir: str, role: str = "colocated") -> None:
     check_benchmark_files(config)
 
 
+def log_to_file(workdir: str, role: str = "colocated") -> str | None:
+    """Every log record from here on also goes to `<workdir>/run.log` (`<workdir>/<role>/run.log` for a job of the
+    decoupled mode), appended to across resumes, one line each: the progress bars' figures without the bars.
+    Returns its path."""
+    folder = files.as_path(workdir) / role if role in ("main", "sub") else files.as_path(workdir)
+    handler = files.LogFileHandler(folder / LOG_FILE, level=logging.INFO)  # not the libraries' DEBUG records
+    logging.getLogger().addHandler(handler)
+    return handler.baseFilename
+
+
 def enable_compilation_cache(workdir: str) -> str | None:
     """JAX's persistent compilation cache in the workdir's parent (`<parent>/.jax_cache`): the many short processes
     of an experiment (warm start, stage 1, stage 2, seeds, modes) compile the same shapes, and each reuses what
@@ -112,7 +124,19 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
     summary = trainer.run()
     log.info("%s (%s): %s", trainer.status, role,
              {k: round(v, 4) for k, v in summary.items() if k.endswith(("/reward", "/accuracy")) and v is not None})
+    if trainer.is_main_process:
+        log.info("outputs:\n%s", "\n".join(f"  {label:<12} {path}" for label, path in outputs(trainer.workdir)))
     return summary, trainer.status
+
+
+OUTPUTS = (("metrics", "metrics.jsonl"), ("tensorboard", "tb"), ("plot", "rewards.png"), ("checkpoints", "checkpoints"),
+           ("summary", "summary.json"), ("log", LOG_FILE), ("transcripts", "transcripts.jsonl"))
+
+
+def outputs(workdir: str) -> list[tuple[str, str]]:
+    """(what, path) of each output the run in `workdir` has written, in the order a user looks at them."""
+    paths = [(label, files.as_path(workdir) / name) for label, name in OUTPUTS]
+    return [(label, str(path)) for label, path in paths if path.exists()]
 
 
 def run(config, workdir: str, role: str = "colocated") -> dict:

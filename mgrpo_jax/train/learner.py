@@ -4,7 +4,11 @@
     step = learner.sft_step(cfg)    # the warm start's supervised step under its own optimizer
 
 Every train step donates the state, so the sampler is re-pointed at the new parameters after each update
-(`publish`). The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
+(`publish`). With `loss_hparams.kl_coef > 0` the learner holds a frozen reference policy: a copy of the parameters
+RL starts from (taken at construction and again at every optimizer reset, so after a warm start it is the
+warm-started policy), sharded like them, never updated, checkpointed beside the state; each RL batch gets its
+log-probs (`ref_logprobs`, at the batch's sampling temperatures) for the loss's KL term. With `kl_coef == 0` none
+of this exists. The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
 agent's sampler (the filters its behaviour log-probs were recorded under; temperatures come per row).
 """
 
@@ -14,13 +18,15 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mgrpo_jax.core.losses import loss_defaults
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import create_agent_state_from_params
-from mgrpo_jax.train.step import make_policy_step, make_sft_step
+from mgrpo_jax.train.step import make_logprob_fn, make_policy_step, make_sft_step, set_hparams
 
 # `temperature`: each row's sampling temperature, so the step's log-probs are those of the behaviour
 # distribution (mgrpo_jax/train/step.py); every policy batch carries it.
@@ -41,7 +47,39 @@ class Learner:
     sampler: Sampler
     rules: Sequence = ()  # the sharding rules its parameters are laid out by (`agent.sharding_rules`)
     trainable: bool = True
+    reference: object = None  # the frozen reference policy's parameters (kl_coef > 0 only)
     _policy_step: object = dataclasses.field(default=None, repr=False)
+    _reference_logprobs: object = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.freeze_reference()
+
+    @property
+    def loss_hparams(self) -> dict:
+        """The hyper-parameters the policy step's loss runs with: its own defaults under the ones the config sets."""
+        return {**loss_defaults(self.config.loss), **set_hparams(self.config.loss_hparams.to_dict())}
+
+    @property
+    def kl_coef(self) -> float:
+        return float(self.config.loss_hparams.get("kl_coef") or 0.0)
+
+    def freeze_reference(self) -> None:
+        """The current parameters become the KL reference (a copy on the same shardings); no-op for kl_coef 0."""
+        if self.kl_coef > 0:
+            self.reference = jax.tree.map(jnp.copy, self.state.params)
+
+    def checkpoint_items(self) -> dict:
+        """What a checkpoint holds of this agent: `{name: state}`, plus `{name}_reference` with a KL reference."""
+        items = {self.name: self.state}
+        if self.reference is not None:
+            items[f"{self.name}_reference"] = self.reference
+        return items
+
+    def load_checkpoint_items(self, items: dict) -> None:
+        self.state = items[self.name]
+        if self.reference is not None:
+            self.reference = items[f"{self.name}_reference"]
+        self.publish()
 
     def publish(self) -> None:
         self.sampler.update_weights(self.state.params)
@@ -50,7 +88,8 @@ class Learner:
         """Keep the parameters, start a fresh optimizer (warm start -> RL)."""
         self.graphdef, self.state, self.sharding = create_agent_state_from_params(
             self.model_config, self.state.params, optim_cfg, self.mesh, self.rules)
-        self._policy_step = None  # its donated state layout may have changed
+        self._policy_step = self._reference_logprobs = None  # built for the old state layout
+        self.freeze_reference()
         self.publish()
 
     def sft_step(self, optim_cfg):
@@ -63,13 +102,23 @@ class Learner:
         if self._policy_step is None:
             cfg = self.config
             self._policy_step = make_policy_step(
-                self.graphdef, make_optimizer(cfg.optim), cfg.loss, dict(cfg.loss_hparams), self.sharding, self.mesh,
-                micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
+                self.graphdef, make_optimizer(cfg.optim), cfg.loss, cfg.loss_hparams.to_dict(), self.sharding,
+                self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
         return self._policy_step
 
     @policy_step.setter
     def policy_step(self, step) -> None:  # e.g. a timing wrapper (mgrpo_jax/bench/rollout.py)
         self._policy_step = step
+
+    def reference_logprobs(self, batch: dict) -> jax.Array:
+        """[B, T] teacher-forced log-probs of the frozen reference on `batch`, under the batch's sampling
+        temperatures and this agent's sampler filters (as the policy step computes the policy's)."""
+        if self._reference_logprobs is None:
+            self._reference_logprobs = make_logprob_fn(
+                self.graphdef, self.sharding, self.mesh, micro_batches=self.config.micro_batches,
+                top_k=self.sampler.top_k, top_p=self.sampler.top_p)
+        return self._reference_logprobs(self.reference, batch["tokens"], batch["positions"], batch["attention_mask"],
+                                        batch["temperature"])
 
     def train(self, batches) -> dict:
         """`passes` updates on each batch in turn (a dict, or a list of dicts: the unsynchronised sub-agent's
@@ -83,12 +132,18 @@ class Learner:
         per_batch = []
         for batch in batches:
             train_batch = {k: batch[k] for k in TRAIN_KEYS}
+            if self.reference is not None:
+                train_batch["ref_logprobs"] = self.reference_logprobs(train_batch)
             metrics = {}
             for _ in range(self.config.passes):
                 self.state, metrics = step(self.state, train_batch)
             per_batch.append(metrics)
         self.publish()
-        return {f"{self.name}/train/{k}": v for k, v in combine_metrics(jax.device_get(per_batch)).items()}
+        out = {f"{self.name}/train/{k}": v for k, v in combine_metrics(jax.device_get(per_batch)).items()}
+        # The clip range, KL coefficient, ... in force, so a run's log shows which loss it really trained with.
+        out.update({f"{self.name}/loss/{k}": float(v) for k, v in self.loss_hparams.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)})
+        return out
 
 
 def combine_metrics(per_batch: Sequence[dict]) -> dict[str, float]:

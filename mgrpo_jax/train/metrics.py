@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -32,6 +33,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from mgrpo_jax.train import files
 
 log = logging.getLogger(__name__)
 
@@ -58,42 +61,38 @@ def _to_python(v) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Every complete JSON object of a JSON-lines file (a torn last line is skipped)."""
+    """Every complete JSON object of a JSON-lines file, local or remote (a torn last line is skipped)."""
+    text = files.read_text(path)
+    if text is None:
+        raise FileNotFoundError(f"{path}: no such file")
     out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line)) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
     return out
 
 
 def truncate_jsonl(path: str | os.PathLike, last_step: int) -> int:
     """Keep only the lines with ``step <= last_step`` (atomic rewrite); returns how many were dropped."""
-    if not os.path.exists(path):
+    text = files.read_text(path)
+    if text is None:
         return 0
     kept, dropped = [], 0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                dropped += 1
-                continue
-            if rec.get("step", -1) <= last_step:
-                kept.append(json.dumps(rec) + "\n")
-            else:
-                dropped += 1
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if rec.get("step", -1) <= last_step:
+            kept.append(json.dumps(rec) + "\n")
+        else:
+            dropped += 1
+    files.write_atomic(path, "".join(kept))
     return dropped
 
 
@@ -106,8 +105,8 @@ class MetricWriter:
                  rate_keys: Sequence[str] = DEFAULT_RATE_KEYS, stream=None):
         self.enabled = (jax.process_index() == 0) if enabled is None else bool(enabled)
         self.workdir = os.fspath(workdir)
-        self.jsonl_path = os.path.join(self.workdir, "metrics.jsonl")
-        self.tb_dir = os.path.join(self.workdir, "tb")
+        self.jsonl_path = str(files.as_path(self.workdir) / "metrics.jsonl")
+        self.tb_dir = str(files.as_path(self.workdir) / "tb")
         self.total_steps = total_steps
         self.console = console
         self.console_keys = None if console_keys is None else tuple(console_keys)
@@ -118,15 +117,11 @@ class MetricWriter:
         self._file = None
         if not self.enabled:
             return
-        os.makedirs(self.workdir, exist_ok=True)
         if resume_step is not None:
             truncate_jsonl(self.jsonl_path, resume_step)
-        self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
+        self._file = files.AppendFile(self.jsonl_path)
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            purge = None if resume_step is None else int(resume_step) + 1
-            self._tb = SummaryWriter(logdir=self.tb_dir, purge_step=purge, flush_secs=10)
+            self._tb = files.tensorboard_writer(self.tb_dir, None if resume_step is None else int(resume_step) + 1)
 
     # -- writing ------------------------------------------------------------------------------------
 
@@ -144,16 +139,14 @@ class MetricWriter:
             return values
         now = time.time()
         step_key = "step" if prefix_step is None else f"{prefix_step}_step"
-        if os.fstat(self._file.fileno()).st_nlink == 0:  # deleted under a running job: lines would vanish
-            log.warning("%s was deleted during the run: continuing in a new file from step %d", self.jsonl_path, step)
-            self._file.close()
-            self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
         self._file.write(json.dumps({step_key: int(step), "time": now, **values}) + "\n")
         self._file.flush()
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, float):
                     self._tb.add_scalar(k, v, global_step=int(step))
+            if prefix_step is None:  # each RL step's events reach the files (a remote one is rewritten whole)
+                self._tb.flush()
         if self.console if console is None else console:
             line = self.progress_line(step, values, now, label=prefix_step or "step",
                                       total=None if prefix_step else self.total_steps)
@@ -169,12 +162,10 @@ class MetricWriter:
             return 0
         self._file.close()
         dropped = truncate_jsonl(self.jsonl_path, step)
-        self._file = open(self.jsonl_path, "a")  # noqa: SIM115 - closed in close()
+        self._file = files.AppendFile(self.jsonl_path)
         if self._tb is not None:
-            from tensorboardX import SummaryWriter
-
             self._tb.close()
-            self._tb = SummaryWriter(logdir=self.tb_dir, purge_step=int(step) + 1, flush_secs=10)
+            self._tb = files.tensorboard_writer(self.tb_dir, int(step) + 1)
         return dropped
 
     def progress_line(self, step: int, values: Mapping[str, Any], now: float | None = None, *,
@@ -202,8 +193,8 @@ class MetricWriter:
         """A piece of text (e.g. a transcript) to TensorBoard's text tab and ``texts.jsonl``."""
         if not self.enabled:
             return
-        with open(os.path.join(self.workdir, "texts.jsonl"), "a") as f:
-            f.write(json.dumps({"step": int(step), "tag": tag, "text": text}) + "\n")
+        files.append_text(files.as_path(self.workdir) / "texts.jsonl",
+                          json.dumps({"step": int(step), "tag": tag, "text": text}) + "\n")
         if self._tb is not None:
             self._tb.add_text(tag, text, global_step=int(step))
 
@@ -292,8 +283,9 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
-    fig.savefig(png_path, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    files.write_atomic(png_path, png.getvalue())
     return list(series)
 
 
@@ -314,7 +306,7 @@ BEST_SUFFIXES = ("/reward", "/correct", "/accuracy")
 def best_metrics(jsonl_path: str | os.PathLike, suffixes: Sequence[str] = BEST_SUFFIXES) -> dict[str, dict]:
     """{key: {"value", "step"}}: the highest value of each reward / correctness / accuracy metric in the log."""
     best: dict[str, dict] = {}
-    for record in read_jsonl(jsonl_path) if os.path.exists(jsonl_path) else []:
+    for record in read_jsonl(jsonl_path) if files.as_path(jsonl_path).exists() else []:
         for k, v in record.items():
             if k.endswith(tuple(suffixes)) and _is_number(v) and "step" in record and math.isfinite(v):
                 if k not in best or v > best[k]["value"]:
@@ -328,32 +320,29 @@ def write_summary(workdir: str, summary: Mapping[str, Any], curve_keys: Sequence
     plus the best value of each reward / accuracy metric and the files the run wrote). With `curve_keys`, also
     their curves as `rewards.png`; a plot that fails is a warning, never a failed run. The JSON is strict (no
     NaN) and replaced atomically. Returns the files written, relative to `workdir`."""
-    jsonl = os.path.join(workdir, "metrics.jsonl")
+    folder = files.as_path(workdir)
+    jsonl = str(folder / "metrics.jsonl")
     if curve_keys:
         try:
-            plot_curves(jsonl, list(curve_keys), os.path.join(workdir, "rewards.png"),
+            plot_curves(jsonl, list(curve_keys), folder / "rewards.png",
                         title=f"{', '.join(curve_keys)} per RL step")
         except (OSError, ValueError) as e:
             log.warning("rewards.png not written: %s", e)
     names = ("metrics.jsonl", "tb", "rewards.png", "checkpoints", "transcripts.jsonl", "curriculum.json",
-             "tokenizer.model", "summary.json")
-    files = [n for n in names if n == "summary.json" or os.path.exists(os.path.join(workdir, n))]
+             "tokenizer.model", "run.log", "summary.json")
+    written = [n for n in names if n == "summary.json" or (folder / n).exists()]
     record, run = dict(summary), dict(run or {})
     if hasattr(run.get("config"), "to_json_best_effort"):  # an ml_collections config
         run["config"] = json.loads(run["config"].to_json_best_effort())
-    record["run"] = {**run, "best": best_metrics(jsonl), "files": files}
-    path = os.path.join(workdir, "summary.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(_finite(record), f, indent=1, sort_keys=True, allow_nan=False)
-    os.replace(path + ".tmp", path)
-    return files
+    record["run"] = {**run, "best": best_metrics(jsonl), "files": written}
+    files.write_atomic(folder / "summary.json", json.dumps(_finite(record), indent=1, sort_keys=True, allow_nan=False))
+    return written
 
 
 def read_summary(workdir: str) -> dict:
     """The last step's metrics recorded in `workdir/summary.json` ({} when there is none or it is unreadable)."""
     try:
-        with open(os.path.join(workdir, "summary.json")) as f:
-            record = json.load(f)
+        record = json.loads(files.read_text(files.as_path(workdir) / "summary.json") or "{}")
     except (OSError, json.JSONDecodeError):
         return {}
     return {k: v for k, v in record.items() if k != "run"} if isinstance(record, dict) else {}

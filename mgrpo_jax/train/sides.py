@@ -88,7 +88,16 @@ def with_timings(metrics: dict, rollout, t0: float, t1: float, t2: float, t3: fl
     return metrics
 
 
-def progress(metrics: dict, top_name: str) -> str:
-    """The step's log line: rewards, correctness, the sub job's serving figures, seconds."""
-    keys = (f"{top_name}/reward", f"{top_name}/correct", "sub/reward", "sub/served", "sub/staleness")
-    return " | ".join([f"{k} {metrics[k]:.3f}" for k in keys if k in metrics] + [f"{metrics['time/step_s']:.1f} s"])
+def unsync_fifo(run) -> tuple:
+    """(the store's FIFO of sub-agent trajectories, the sub trainer's consumer) in `mgrpo_unsync` mode where this
+    process trains the sub-agent; (None, None) otherwise."""
+    if run.config.mode != "mgrpo_unsync" or SUB not in run.agents:
+        return None, None
+    fifo = run.store.fifo("sub_trajectories")
+    return fifo, fifo.consumer("sub_trainer")
+
+
+def shown(metrics: dict, top_name: str) -> dict:
+    """The figures of a step's bar and log line: rewards, correctness, the sub job's serving figures, seconds."""
+    keys = (f"{top_name}/reward", f"{top_name}/correct", "sub/reward", "sub/served", "sub/staleness", "time/step_s")
+    return {k: metrics[k] for k in keys if k in metrics}

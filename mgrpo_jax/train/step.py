@@ -209,6 +209,11 @@ def _trained_mask(mb: dict) -> jax.Array:
     return mask.at[:, 0].set(0.0)
 
 
+def set_hparams(loss_hparams) -> dict:
+    """The loss keyword arguments the config sets: None means "the loss's own default" (`loss_defaults`)."""
+    return {k: v for k, v in dict(loss_hparams or {}).items() if v is not None}
+
+
 def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False,
                       top_k: int = 0, top_p: float = 1.0):
     """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss, with
@@ -374,7 +379,7 @@ def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_nam
     (costs a softmax over the vocabulary). ``top_k`` / ``top_p``: the filters of the sampler that recorded
     the batches' behaviour log-probs (its ``Sampler.top_k`` / ``Sampler.top_p``; 0 / 1.0 = off); the
     per-row temperature comes with the batch. See the module docstring for the batch and the metrics."""
-    micro = policy_micro_loss(graphdef, get_loss(loss_name), dict(loss_hparams or {}), compute_entropy,
+    micro = policy_micro_loss(graphdef, get_loss(loss_name), set_hparams(loss_hparams), compute_entropy,
                               int(top_k), float(top_p))
     return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
                       batch_axes=batch_axes, donate=donate)

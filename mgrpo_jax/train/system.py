@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Sequence
 
 import jax
 import ml_collections
+from etils import epath
 
 from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorldConfig, build_compact_environment
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
@@ -95,11 +95,11 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
     `config.init_checkpoint` (its agents' ids), else a new one trained on the world."""
     if config.tokenizer.path:
         return Tokenizer.load(config.tokenizer.path)
-    path = os.path.join(workdir, "tokenizer.model") if workdir else None
-    if path and os.path.exists(path):
+    path = epath.Path(workdir) / "tokenizer.model" if workdir else None  # local or gs://
+    if path and path.exists():
         return Tokenizer.load(path)
-    inherited = os.path.join(config.init_checkpoint, "tokenizer.model") if config.init_checkpoint else None
-    if inherited and os.path.exists(inherited):
+    inherited = epath.Path(config.init_checkpoint) / "tokenizer.model" if config.init_checkpoint else None
+    if inherited and inherited.exists():
         tokenizer = Tokenizer.load(inherited)
     elif isinstance(env, CompactEnvironment):
         tokenizer = train_word_tokenizer(env, config)
@@ -107,7 +107,7 @@ def build_tokenizer(config, env: OfflineEnvironment, workdir: str | None) -> Tok
         tokenizer = Tokenizer.train(tokenizer_corpus(env, config), config.tokenizer.vocab_size,
                                     **config.tokenizer.trainer_kwargs.to_dict())
     if path and jax.process_index() == 0:
-        os.makedirs(workdir, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save(path)
     return tokenizer
 

@@ -24,10 +24,11 @@ from mgrpo_jax.core import TargetsConfig, mgrpo_targets
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import SUB
 from mgrpo_jax.store import open_store
-from mgrpo_jax.train import curriculum, evaluation, sides, system, warmstart
+from mgrpo_jax.train import curriculum, evaluation, files, sides, system, warmstart
 from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard, init_from_checkpoint
 from mgrpo_jax.train.exchange import Exchange, InProcessExchange
 from mgrpo_jax.train.metrics import MetricWriter, read_summary, write_summary
+from mgrpo_jax.train.progress import RunProgress
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Trainer:
         self.config, self.step, self.warm_started = config, 0, config.warmstart.steps == 0
         self.workdir = workdir if "://" in workdir else os.path.abspath(workdir)  # Orbax needs absolute paths
         self.is_main_process, self.top_name = jax.process_index() == 0, system.agent_names(config.mode)[0]
-        os.makedirs(self.workdir, exist_ok=True)
+        files.as_path(self.workdir).mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         self.env = system.build_environment(config)
         self.tokenizer = system.build_tokenizer(config, self.env, self.workdir)
@@ -48,16 +49,12 @@ class Trainer:
         self.holds_every_agent = self.agent_subset is None
         self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.store = open_store(config.store)
-        shown = (f"{self.top_name}/reward", f"{self.top_name}/correct", "sub/reward", "time/step_s")
-        self.writer = MetricWriter(self.workdir, self.is_main_process, total_steps=config.train.steps,
-                                   console_keys=shown)
+        self.writer, self.progress = MetricWriter(self.workdir, self.is_main_process, console=False), RunProgress(False)
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
         self.targets_config = TargetsConfig.from_config(config)
         self.questions = curriculum.training_questions(config, self.env, self.workdir)
         self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
-        unsync = config.mode == "mgrpo_unsync" and SUB in self.agents
-        self.fifo = self.store.fifo("sub_trajectories") if unsync else None
-        self.fifo_consumer = self.fifo.consumer("sub_trainer") if self.fifo else None
+        self.fifo, self.fifo_consumer = sides.unsync_fifo(self)
         self.exchange = self.make_exchange()
         self.engine.sub_executor = self.exchange.delegate
         log.info("built %s run (%s preset, mode %s) in %.1f s", config.benchmark, config.preset, config.mode,
@@ -82,7 +79,8 @@ class Trainer:
         return init_from_checkpoint(path, self.agents)
 
     def evaluate(self) -> dict:  # the held-out sets run the whole system
-        return evaluation.evaluate(self.config, self.env, self.engine, self.step) if self.holds_every_agent else {}
+        return evaluation.evaluate(self.config, self.env, self.engine, self.step, self.progress) \
+            if self.holds_every_agent else {}
 
     # -- one RL step ------------------------------------------------------------------------------------
 
@@ -127,17 +125,18 @@ class Trainer:
                 "fifo_offset": self.fifo_consumer.offset if self.fifo_consumer else 0}
 
     def save(self, force: bool = False) -> None:
-        self.checkpointer.save(self.step, {n: a.state for n, a in self.agents.items()}, self.host_state(), force=force)
+        items = {k: v for agent in self.agents.values() for k, v in agent.checkpoint_items().items()}
+        self.checkpointer.save(self.step, items, self.host_state(), force=force)
 
     def restore(self) -> bool:
         # The current states are the restore targets: their shapes and shardings place the restored arrays.
-        restored = self.checkpointer.restore_latest({name: agent.state for name, agent in self.agents.items()})
+        restored = self.checkpointer.restore_latest(
+            {k: v for agent in self.agents.values() for k, v in agent.checkpoint_items().items()})
         if restored is None:
             return False
         _, states, host = restored
-        for name, agent in self.agents.items():
-            agent.state = states[name]
-            agent.publish()
+        for agent in self.agents.values():
+            agent.load_checkpoint_items(states)
         self.step, self.warm_started = int(host["step"]), bool(host["warm_started"])
         self.iterator.set_state(host["iterator"])
         if self.fifo_consumer is not None:
@@ -150,11 +149,10 @@ class Trainer:
         """Warm start (or resume), RL steps, evaluations and checkpoints; returns the last step's metrics. A run
         that already finished is left as it is. `self.status` ends as finished, preempted or stopped."""
         cfg, summary, start, self.status = self.config, {}, time.time(), "stopped"
-        with PreemptionGuard() as guard:
+        with PreemptionGuard() as guard, RunProgress(self.is_main_process) as self.progress:
             if self.restore():
                 if self.step >= cfg.train.steps:
-                    log.info("already finished at step %d (train.steps=%d): nothing to do", self.step,
-                             cfg.train.steps)
+                    log.info("already finished at step %d (train.steps=%d)", self.step, cfg.train.steps)
                     self.status = "finished"
                     return read_summary(self.workdir)
             else:
@@ -168,6 +166,8 @@ class Trainer:
                 if cfg.train.eval_at_start and self.holds_every_agent:
                     self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
                 self.save(force=True)
+                warmstart.discard_checkpoints(self)
+            bar = self.progress.phase("RL" if self.top_name in self.agents else "sub RL", cfg.train.steps, self.step)
             while self.step < cfg.train.steps:
                 metrics = self.rl_step()
                 if metrics is None:
@@ -177,9 +177,9 @@ class Trainer:
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                     metrics.update(self.evaluate())
                 self.writer.write(self.step, metrics)
-                summary = metrics
-                log.info("%sstep %d | %s", "" if self.top_name in self.agents else "sub ", self.step,
-                         sides.progress(metrics, self.top_name))
+                summary, shown = metrics, sides.shown(metrics, self.top_name)
+                bar.update(self.step, **shown)
+                log.info("%sstep %s", "" if self.top_name in self.agents else "sub ", bar.line(**shown))
                 stop = guard.should_stop()
                 self.save(force=stop or self.step == cfg.train.steps)
                 self.exchange.after_save(self.checkpointer.all_steps())

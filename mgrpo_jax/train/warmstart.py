@@ -16,17 +16,21 @@ import time
 import types
 
 import numpy as np
+from etils import epath
 
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
 from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.rewards import episode_format_ok
 from mgrpo_jax.train import system
-from mgrpo_jax.train.checkpoint import PreemptionGuard
+from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard
 from mgrpo_jax.train.learner import SFT_KEYS
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
+
+CHECKPOINTS = "warmstart_checkpoints"
+LOG_EVERY = 25  # warm-start steps between log lines (and metric-log entries)
 
 
 def demonstrations(run, agent: str, count: int, seed: int) -> list:
@@ -65,27 +69,76 @@ def greedy_format(run) -> tuple[dict[str, float], float]:
     return shares, float(np.mean(correct))
 
 
-def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
-    """Clones every agent of `run` (see the module docstring). Returns False when preempted: the warm start is
-    short, so a resumed run simply starts it again."""
-    cfg = run.config.warmstart
-    clones = {}
+def _clone(run, name: str, agent) -> types.SimpleNamespace:
+    """An agent's warm-start progress, fresh: the SFT optimizer, its demonstrations and its batch order."""
+    steps = agent.config.warmstart_steps or run.config.warmstart.steps
+    sft_cfg = agent.config.sft.copy_and_resolve_references()
+    sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
+    agent.reset_optimizer(sft_cfg)
+    return types.SimpleNamespace(
+        steps=steps, done=0, losses=[], finished=False, step=agent.sft_step(sft_cfg),
+        examples=demonstrations(run, name, run.config.warmstart.examples, derive_seed(run.config.seed, "demos", name)),
+        rng=np.random.default_rng(derive_seed(run.config.seed, "sft", name)))
+
+
+def _host_state(clones: dict, rounds: int) -> dict:
+    return {"rounds": rounds, "agents": {name: {"done": c.done, "finished": c.finished, "losses": c.losses,
+                                                "rng": c.rng.bit_generator.state} for name, c in clones.items()}}
+
+
+def _resume(run, clones: dict, checkpointer: Checkpointer) -> int:
+    """The agents' states and progress from the newest warm-start checkpoint, if any; returns the rounds done."""
+    restored = checkpointer.restore_latest({name: agent.state for name, agent in run.agents.items()})
+    if restored is None:
+        return 0
+    total, states, host = restored
     for name, agent in run.agents.items():
-        steps = agent.config.warmstart_steps or cfg.steps
-        sft_cfg = agent.config.sft.copy_and_resolve_references()
-        sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
-        agent.reset_optimizer(sft_cfg)
-        clones[name] = types.SimpleNamespace(
-            steps=steps, done=0, losses=[], start=time.perf_counter(), step=agent.sft_step(sft_cfg),
-            examples=demonstrations(run, name, cfg.examples, derive_seed(run.config.seed, "demos", name)),
-            rng=np.random.default_rng(derive_seed(run.config.seed, "sft", name)))
-    active = [name for name in run.agents if clones[name].steps > 0]
+        agent.state, clone, saved = states[name], clones[name], host["agents"][name]
+        clone.done, clone.finished, clone.losses = int(saved["done"]), bool(saved["finished"]), list(saved["losses"])
+        clone.rng.bit_generator.state = saved["rng"]
+        agent.publish()
+    log.info("warm start resumed after %d steps (%s)", total,
+             ", ".join(f"{name} {c.done}/{c.steps}" for name, c in clones.items()))
+    return int(host["rounds"])
+
+
+def discard_checkpoints(run) -> None:
+    """Drops the warm-start checkpoints once the run's first RL checkpoint is written (they hold the SFT
+    optimizer's state too, as large as the model twice)."""
+    run.checkpointer.wait()
+    path = epath.Path(run.workdir) / CHECKPOINTS
+    if run.is_main_process and path.exists():
+        path.rmtree()
+
+
+def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
+    """Clones every agent of `run` (see the module docstring). Every `warmstart.checkpoint_every` steps (counted
+    over all agents), and when preempted, the agents' states and progress are checkpointed in
+    `<workdir>/warmstart_checkpoints`; a resumed run continues from there. Returns False when preempted."""
+    cfg = run.config.warmstart
+    clones = {name: _clone(run, name, agent) for name, agent in run.agents.items()}
+    checkpointer = Checkpointer(run.workdir, keep=1, save_every=cfg.checkpoint_every, subdir=CHECKPOINTS)
+    rounds = _resume(run, clones, checkpointer)
+    bars = {name: run.progress.phase(f"warm start {name}", c.steps, c.done) for name, c in clones.items()}
+    start = time.perf_counter()
+
+    def save(force: bool) -> None:
+        total = sum(c.done for c in clones.values())
+        if force or checkpointer.should_save(total):
+            states = {name: agent.state for name, agent in run.agents.items()}
+            checkpointer.save(total, states, _host_state(clones, rounds), force=True)
+
+    active = [name for name, c in clones.items() if c.done < c.steps and not c.finished]
     while active:
+        round_end = (rounds + 1) * cfg.check_every if cfg.check_every else None
         for name in active:
-            clone, agent = clones[name], run.agents[name]
-            for _ in range(min(cfg.check_every or clone.steps, clone.steps - clone.done)):
+            clone, agent, bar = clones[name], run.agents[name], bars[name]
+            while clone.done < min(round_end or clone.steps, clone.steps):
                 if guard is not None and guard.should_stop():
-                    log.warning("preempted during the warm start of %s; it restarts when the run resumes", name)
+                    save(force=True)
+                    checkpointer.close()
+                    log.warning("preempted during the warm start of %s at step %d: checkpointed, it continues "
+                                "from there when the run resumes", name, clone.done)
                     return False
                 rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
                                                                     replace=False)]
@@ -93,12 +146,16 @@ def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
                 batch = batches.sft_rows(rows, length, run.tokenizer.pad_id)
                 agent.state, metrics = clone.step(agent.state, {k: batch[k] for k in SFT_KEYS})
                 clone.losses.append(float(metrics["loss"]))
-                if clone.done % 25 == 0 or clone.done == clone.steps - 1:
+                bar.update(clone.done + 1, loss=clone.losses[-1])
+                if clone.done % LOG_EVERY == 0 or clone.done == clone.steps - 1:
                     run.writer.write(clone.done, {f"warmstart/{name}/loss": clone.losses[-1]},
                                      prefix_step="warmstart")
+                    log.info("warm start %s %s", name, bar.line(loss=clone.losses[-1]))
                 clone.done += 1
+                save(force=False)
             agent.publish()
-        finished = [name for name in active if clones[name].done >= clones[name].steps]
+        for name in active:
+            clones[name].finished = clones[name].done >= clones[name].steps
         if cfg.check_every and run.holds_every_agent:  # the check runs the whole system
             rates, correct = greedy_format(run)
             for name in active:
@@ -107,13 +164,15 @@ def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
                                  prefix_step="warmstart")
                 log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
                          clones[name].done, clones[name].losses[-1], rates[name], correct)
-            finished += [name for name in active
-                         if rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps]
-        active = [name for name in active if name not in finished]
+                clones[name].finished |= rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps
+        rounds += 1
+        active = [name for name in active if not clones[name].finished]
+    checkpointer.close()
     for name, agent in run.agents.items():
         clone = clones[name]
+        bars[name].close()
         agent.reset_optimizer(agent.config.optim)
         first, last = (clone.losses[0], clone.losses[-1]) if clone.losses else (float("nan"), float("nan"))
-        log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s)", name, clone.done, first, last,
-                 time.perf_counter() - clone.start)
+        log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s in this process)", name, clone.done, first,
+                 last, time.perf_counter() - start)
     return True

@@ -81,6 +81,16 @@ def running_emulator():
         stop_emulator(proc)
 
 
+@contextlib.contextmanager
+def shared_emulator():
+    """This session's emulator when it already runs (same port), else one for the block; yields its base URL."""
+    if emulator_listening():
+        yield EMULATOR_URL
+    else:
+        with running_emulator() as url:
+            yield url
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """Starts the patched emulator for the session; yields its base URL."""

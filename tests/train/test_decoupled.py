@@ -30,11 +30,8 @@ TIMEOUT_S = 600  # both processes; each waits at most 300 s for the other
 @pytest.fixture(scope="module")
 def gcs_emulator():
     """The store tests' emulator when this session already runs it (same port), else one for this module."""
-    if store_conftest.emulator_listening():
-        yield store_conftest.EMULATOR_URL
-    else:
-        with store_conftest.running_emulator() as url:
-            yield url
+    with store_conftest.shared_emulator() as url:
+        yield url
 
 
 class Role:
@@ -118,7 +115,7 @@ def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path):
     main, sub = Role("main", url, workdir, steps), Role("sub", url, workdir, steps, log_name="sub-1")
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        while "sub step 2 " not in sub.log():
+        while "sub step 2/" not in sub.log():
             assert sub.proc.poll() is None and time.monotonic() < deadline, sub.log()[-6000:]
             time.sleep(0.2)
         sub.kill()

@@ -210,7 +210,7 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
     lines, deadline = [], time.monotonic() + 300
     for line in proc.stdout:
         lines.append(line)
-        if "step 1 |" in line:
+        if "step 1/50 |" in line:
             proc.send_signal(signal.SIGINT)
             break
         assert time.monotonic() < deadline, "".join(lines[-40:])

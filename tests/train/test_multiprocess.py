@@ -121,8 +121,8 @@ def test_two_processes_equal_one_process_and_their_checkpoint_restores_in_one(tm
         _finish(procs)
 
     logs = [path.read_text() for _, path in procs]
-    assert "8 devices, 2 processes" in logs[0] and "step 1 |" in logs[0]
-    assert "step 1 |" not in logs[1] and "[step 1/1]" not in logs[1]  # only process 0 reports progress
+    assert "8 devices, 2 processes" in logs[0] and "step 1/1 |" in logs[0]
+    assert "step 1/1 |" not in logs[1] and "[step 1/1]" not in logs[1]  # only process 0 reports progress
 
     a, b = _records(single), _records(multi)
     assert [r.get("step", r.get("warmstart")) for r in b] == [r.get("step", r.get("warmstart")) for r in a]

@@ -1,0 +1,131 @@
+"""What a run shows while it works: a bar per phase on a terminal, one log line per step everywhere.
+
+::
+
+    with RunProgress(enabled=is_main_process) as progress:
+        bar = progress.phase("warm start main", total=200)
+        for i in range(200):
+            ...
+            bar.update(i + 1, loss=1.23)           # the bar: step/total, loss, elapsed, ETA
+            if (i + 1) % 25 == 0:
+                log.info("warm start main %s", bar.line(loss=1.23))   # "25/200 | loss 1.230 | ETA 3m05s"
+        bar.close()
+
+- The bars are `rich.progress` bars, drawn only when stderr is a terminal (not in CI, a redirected log or a
+  non-zero process). While they are drawn, log records go through rich's handler on the same console, so they
+  print above the bars instead of through them; when the bars close, the original handlers come back.
+- The log lines carry the same figures as the bars (step/total, the phase's loss or reward, the ETA from this
+  process's recent step times), so a log file alone tells how far a run is and how long it still needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+ETA_WINDOW = 10  # steps: the ETA follows the recent pace (the first steps compile)
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def format_figures(figures: dict) -> str:
+    """`loss 1.230 | main/reward 0.412`: the figures that are numbers, in the order given."""
+    return " | ".join(f"{k} {v:.3f}" for k, v in figures.items() if isinstance(v, int | float))
+
+
+class Phase:
+    """One phase's bar (when drawn) and its pace. `update(done, **figures)` after each step."""
+
+    def __init__(self, progress: Progress | None, description: str, total: int, done: int = 0):
+        self.description, self.total, self.done = description, int(total), int(done)
+        self._progress = progress
+        self._times: deque[tuple[float, int]] = deque([(time.perf_counter(), self.done)], maxlen=ETA_WINDOW + 1)
+        self._task = None
+        if progress is not None:
+            self._task = progress.add_task(description, total=self.total, completed=self.done, figures="")
+
+    def update(self, done: int, **figures) -> None:
+        self.done = int(done)
+        self._times.append((time.perf_counter(), self.done))
+        if self._task is not None:
+            self._progress.update(self._task, completed=self.done, figures=format_figures(figures))
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the pace of the last `ETA_WINDOW` steps of this process (None before one step)."""
+        (t0, d0), (t1, d1) = self._times[0], self._times[-1]
+        if d1 <= d0:
+            return None
+        return (t1 - t0) / (d1 - d0) * max(self.total - self.done, 0)
+
+    def line(self, **figures) -> str:
+        """`done/total | figures | ETA`: the phase's log line."""
+        eta = self.eta_seconds()
+        parts = [f"{self.done}/{self.total}", format_figures(figures)]
+        if eta is not None and self.done < self.total:
+            parts.append(f"ETA {format_duration(eta)}")
+        return " | ".join(p for p in parts if p)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+            self._task = None
+
+
+class RunProgress:
+    """The run's bars (see the module docstring). A context manager; `phase` opens a bar."""
+
+    def __init__(self, enabled: bool = True, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.live = bool(enabled) and self.console.is_terminal
+        self._progress = None
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=self.console, redirect_stdout=False, redirect_stderr=False)
+        self._swapped: list[tuple[logging.Logger, logging.Handler, logging.Handler]] = []
+
+    def phase(self, description: str, total: int, done: int = 0) -> Phase:
+        return Phase(self._progress, description, total, done)
+
+    def __enter__(self) -> RunProgress:
+        if self._progress is not None:
+            self._progress.start()
+            self._route_logging()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        for logger, original, replacement in self._swapped:
+            logger.removeHandler(replacement)
+            logger.addHandler(original)
+        self._swapped.clear()
+
+    def _route_logging(self) -> None:
+        """Handlers that write to the terminal the bars are on print through rich instead, above the bars."""
+        streams = {id(sys.stderr), id(sys.__stderr__), id(sys.stdout), id(sys.__stdout__)}
+        for logger in (logging.getLogger(), logging.getLogger("mgrpo_jax")):
+            for handler in list(logger.handlers):
+                if type(handler) is logging.StreamHandler and id(handler.stream) in streams:
+                    replacement = RichHandler(console=self.console, level=handler.level, show_path=False,
+                                              rich_tracebacks=False)
+                    logger.removeHandler(handler)
+                    logger.addHandler(replacement)
+                    self._swapped.append((logger, handler, replacement))

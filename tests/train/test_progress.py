@@ -1,0 +1,75 @@
+"""The progress display: bars on a terminal only, log lines with step/total, figures and an ETA from the pace."""
+
+import io
+import logging
+
+import pytest
+from rich.console import Console
+
+from mgrpo_jax.train import progress as progress_module
+from mgrpo_jax.train.progress import Phase, RunProgress, format_duration, format_figures
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (42.4, "42s"), (59.6, "1m00s"), (185, "3m05s"),
+                                           (7620, "2h07m")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_format_figures_keeps_numbers_in_order():
+    assert format_figures({"loss": 1.23456, "name": "x", "main/reward": 0.5, "n": 3}) == \
+        "loss 1.235 | main/reward 0.500 | n 3.000"
+
+
+def test_phase_line_has_the_eta_of_the_recent_pace(monkeypatch):
+    clock = iter([100.0, 104.0, 108.0, 112.0])  # the phase starts at 100 s, then a step every 4 s
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    phase = Phase(None, "RL", total=20, done=5)  # resumed at step 5: the pace counts this process's steps only
+    assert phase.line(reward=0.5) == "5/20 | reward 0.500"  # no pace yet, no ETA
+    phase.update(6)
+    phase.update(7)
+    assert phase.eta_seconds() == pytest.approx(4.0 * 13)
+    assert phase.line(reward=0.25) == "7/20 | reward 0.250 | ETA 52s"
+    phase.update(20)
+    assert phase.line() == "20/20"  # finished: no ETA
+
+
+def test_phase_pace_follows_the_last_steps_only(monkeypatch):
+    times = [0.0] + [100.0 + i for i in range(1, 30)]  # a slow first step (compilation), then 1 s per step
+    clock = iter(times)
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    phase = Phase(None, "RL", total=100)
+    for done in range(1, 30):
+        phase.update(done)
+    assert phase.eta_seconds() == pytest.approx(71.0)  # 71 steps left at 1 s each, the slow step forgotten
+
+
+def test_no_bars_off_a_terminal():
+    with RunProgress(console=Console(file=io.StringIO(), force_terminal=False)) as run:
+        assert not run.live
+        run.phase("RL", 3).update(1, reward=0.5)
+
+
+def test_bars_on_a_terminal_and_logging_above_them():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140, color_system=None)
+    logger = logging.getLogger()
+    original = logging.StreamHandler(progress_module.sys.stderr)
+    logger.addHandler(original)
+    try:
+        with RunProgress(console=console) as run:
+            assert run.live and original not in logger.handlers  # log records go through rich's console
+            bar = run.phase("warm start main", 200, done=25)
+            bar.update(50, loss=1.5)
+            logging.getLogger("mgrpo_jax.test").warning("a line above the bars")
+            run._progress.refresh()
+        assert original in logger.handlers  # the original handler is back
+    finally:
+        logger.removeHandler(original)
+    text = out.getvalue()
+    assert "warm start main" in text and "50/200" in text and "loss 1.500" in text and "ETA" in text
+    assert "a line above the bars" in text
+
+
+def test_disabled_progress_is_never_live():
+    assert not RunProgress(enabled=False, console=Console(file=io.StringIO(), force_terminal=True)).live
