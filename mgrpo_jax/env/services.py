@@ -73,6 +73,8 @@ def api_key_from_env(variable: str) -> str | None:
 
 
 def _retryable(error: BaseException) -> bool:
+    if isinstance(error, http.client.InvalidURL):  # a model-written URL no retry will mend
+        return False
     if isinstance(error, _RetryableStatus | MalformedReply | http.client.HTTPException):
         return True
     if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):

@@ -19,6 +19,7 @@ page reader, and `SplitBackend` pairs a search backend with a reader. Page text 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -243,6 +244,9 @@ class HttpSearchBackend:
         return self.pages.visit(url)
 
 
+_URL_CHARACTERS = ":/?#[]@!$&'()*+,;=%~-._"
+
+
 class HttpPageBackend:
     """A page reader over HTTP: the text of the page at a URL (for `visit`).
 
@@ -260,8 +264,8 @@ class HttpPageBackend:
         raise BackendError("a page reader has no search")
 
     def visit(self, url: str) -> WebPage | None:
-        if "{url}" in self.visit_url:
-            response = self.client.get(self.visit_url.replace("{url}", url))
+        if "{url}" in self.visit_url:  # the page's URL as a path: only what a URL may not hold is escaped
+            response = self.client.get(self.visit_url.replace("{url}", urllib.parse.quote(url, safe=_URL_CHARACTERS)))
         else:
             response = self.client.get(self.visit_url, {"url": url})
         if response.status == 404:

@@ -234,6 +234,9 @@ def test_page_reader_formats_errors_and_truncation():
         assert reader.visit("https://a.example/missing") is None
         template = HttpPageBackend(server.url + "/r/{url}", timeout_s=2, retry=QUICK)
         assert template.visit("https://a.example/plain").text == "plain words here"
+        asked = len(server.requests)
+        assert template.visit("https://a.example/a page\n") is None  # a model-written URL: escaped, asked once
+        assert [r.path for r in server.requests[asked:]] == ["/r/https://a.example/a%20page%0A"]
         visit = VisitTool(reader, max_chars=10)
         assert visit({"url": "https://a.example/x"}) == "Page: https://a.example/x\n\nAlpha beta\n[page truncated]"
         assert "no page at" in visit({"url": "https://a.example/missing"})
