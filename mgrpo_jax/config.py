@@ -23,7 +23,9 @@ import difflib
 import importlib.util
 import numbers
 import os
+import re
 import sys
+import urllib.parse
 
 import ml_collections
 from ml_collections.config_dict import placeholder
@@ -103,8 +105,21 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.env.stage2_max_success = 0.5
     c.env.stage2_filter_pool = 256
     c.env.stage2_filter_samples = 4
-    c.env.search_url = ""  # a real search API (HttpSearchBackend); empty: the offline world's BM25
-    c.env.visit_url = ""
+    # Real services (README, "Real search, reader and judge services"); empty URLs: the offline world's own. API keys
+    # are read from the environment variables named here, never from the config (it is saved with the run).
+    c.env.search_url = ""  # a JSON search API (HttpSearchBackend); empty: the offline world's BM25
+    c.env.search_api_key_env = "MGRPO_SEARCH_API_KEY"
+    c.env.visit_url = ""  # a page reader for `visit` (HttpPageBackend; `{url}` in it is replaced by the page's URL)
+    c.env.visit_api_key_env = "MGRPO_VISIT_API_KEY"
+    c.env.visit_max_chars = 0  # a read page is cut to this; 0: the agent's whole context (context_tokens x 4 chars)
+    c.env.judge_url = ""  # an OpenAI-compatible endpoint (http://host:port/v1) for r_correct and r_expert
+    c.env.judge_model = ""
+    c.env.judge_api_key_env = "MGRPO_JUDGE_API_KEY"
+    c.env.judge_concurrency = 16  # judge requests in flight at once
+    c.env.judge_max_tokens = 512
+    c.env.http_timeout_s = 60.0  # per attempt, for search, reader and judge requests
+    c.env.http_max_attempts = 4  # tries of a request that fails with a timeout, a lost connection, 408/429/5xx
+    c.env.http_backoff_s = 1.0  # the first retry's delay; doubled per retry up to 16 s
     c.env.benchmark_path = ""  # real benchmark files for evaluation (formats: mgrpo_jax/env/benchmarks.py)
 
     c.tokenizer = ml_collections.ConfigDict({"path": "", "vocab_size": 2048})
@@ -374,6 +389,33 @@ def _check_micro_batches(p: _Problems, name: str, mode) -> None:
                   f"a batch of {rows} rows ({label}) does not split into {micro} micro-batches")
 
 
+_ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_services(p: _Problems) -> None:
+    """The real services' fields (env.search_url, env.visit_url, env.judge_*, env.http_*)."""
+    for service in ("search", "visit", "judge"):
+        url = p.get(f"env.{service}_url")
+        if url is not _MISSING and url:
+            parts = urllib.parse.urlsplit(str(url))
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                p.add(f"env.{service}_url", url, "must be an http:// or https:// URL with a host (or empty: offline)")
+        variable = p.get(f"env.{service}_api_key_env")
+        if variable is not _MISSING and not (isinstance(variable, str) and _ENV_VAR.fullmatch(variable)):
+            p.add(f"env.{service}_api_key_env", variable, "must name an environment variable (letters, digits, _)")
+    if p.get("env.judge_url") and p.get("env.judge_model") in ("", None):
+        p.add("env.judge_model", "", "env.judge_url is set: name the judge model the endpoint serves")
+    if (p.get("env.search_url") or p.get("env.visit_url")) and p.get("env.grammar") == "compact":
+        p.add("env.grammar", "compact", "the compact world's tools are offline only: env.search_url and "
+              "env.visit_url need env.grammar=chat")
+    p.number("env.visit_max_chars", 0)
+    p.number("env.judge_concurrency", 1)
+    p.number("env.judge_max_tokens", 1)
+    p.number("env.http_timeout_s", above=0)
+    p.number("env.http_max_attempts", 1)
+    p.number("env.http_backoff_s", 0)
+
+
 def validate(config, role: str | None = None) -> None:
     """Raises one ValueError listing every problem of `config` that shows without building anything, each naming
     its field. `role`: the job's side in the decoupled mode (launch/tpu_run.py --role), "colocated" or None for
@@ -410,6 +452,7 @@ def validate(config, role: str | None = None) -> None:
         values = p.get(f"env.{section}")
         for key in () if values is _MISSING else values.keys():
             p.number(f"env.{section}.{key}", low, high)
+    _check_services(p)
     p.number("tokenizer.vocab_size", 0)
 
     p.choice("rollout.align_mode", alignment.MODES)

@@ -1,6 +1,7 @@
 """Figures of the offline environments: generation time, tool latency, calibration, expert success.
 
     python -m mgrpo_jax.env.bench [--per_split 100] [--entities 10000] [--grammar chat|compact|both]
+    python -m mgrpo_jax.env.bench --judge=http [--judge_answers 512] [--judge_concurrency 16] [--judge_latency_ms 0]
 
 The last line is one JSON object. For the chat world: at least `worldgen_s_10k`, `search_ms`, `visit_ms` and
 `expert_success` ({split: {"multi": rate, "single": rate}}), plus token-length calibration figures (tokens
@@ -8,6 +9,11 @@ estimated at four characters each). For the compact world (the `local` and `figu
 `compact`: `expert_success`, `expert_success_perfect_sub` (the sub-agent expert without its mistakes) and
 `expert_success_perfect_main` (the main-agent expert without its own), per split and `overall`, the mean expert
 score of the sub-agent's episodes, the d_k histogram of the main expert, and episode lengths in words.
+
+`--judge=http` measures the HTTP reward judge instead (`mgrpo_jax.env.judges.HttpJudge`, one batch of answers against
+a loopback OpenAI-compatible server that waits `--judge_latency_ms` per reply): `judged_answers_per_s` at
+`judge_concurrency` requests in flight. At latency 0 it is the client's own ceiling; with a real endpoint's latency
+L, expect about concurrency / L answers per second until the endpoint saturates.
 """
 
 from __future__ import annotations
@@ -123,13 +129,50 @@ def run_compact(per_split: int = 100, seed: int = 0) -> dict:
     return out
 
 
+def run_judge(answers: int = 512, concurrency: int = 16, latency_ms: float = 0.0) -> dict:
+    """Judged answers per second of `HttpJudge` against a loopback chat-completions server."""
+    from mgrpo_jax.env.judges import AnswerCase, HttpJudge
+    from mgrpo_jax.env.loopback import LoopbackServer, Reply, chat_reply
+    from mgrpo_jax.env.questions import Question
+    from mgrpo_jax.env.scoring import XBENCH_PROMPT
+    from mgrpo_jax.env.services import ChatEndpoint, ServiceClient
+
+    def reply(request):
+        last = request.json()["messages"][-1]["content"]
+        return Reply(body=chat_reply(f"结论: {'正确' if len(last) % 2 else '错误'}"), delay_s=latency_ms / 1000)
+
+    question = Question("bench", "bench", "multi", 1, "Which city was the founder of Brel born in?", "Varn", (), (), ())
+    cases = [AnswerCase(f"bench/rollout{i}", question, f"Perhaps city number {i}") for i in range(answers)]
+    with LoopbackServer(reply, max_requests=answers) as server:
+        judge = HttpJudge(ChatEndpoint(server.url + "/v1", "bench", ServiceClient("judge endpoint", timeout_s=60)),
+                          XBENCH_PROMPT, concurrency=concurrency)
+        start = time.perf_counter()
+        judge.correct(cases)
+        seconds = time.perf_counter() - start
+    assert len(server.requests) == answers and judge.metrics()["judge/unparseable"] == 0
+    return {"judge": "http", "judge_answers": answers, "judge_concurrency": concurrency,
+            "judge_latency_ms": latency_ms, "judge_s": round(seconds, 3),
+            "judged_answers_per_s": round(answers / seconds, 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--judge", choices=("none", "http"), default="none",
+                        help="http: measure the HTTP reward judge against a loopback server (nothing else)")
+    parser.add_argument("--judge_answers", type=int, default=512)
+    parser.add_argument("--judge_concurrency", type=int, default=16)
+    parser.add_argument("--judge_latency_ms", type=float, default=0.0)
     parser.add_argument("--entities", type=int, default=10_000)
     parser.add_argument("--per_split", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grammar", choices=("chat", "compact", "both"), default="both")
     args = parser.parse_args(argv)
+    if args.judge == "http":
+        figures = run_judge(args.judge_answers, args.judge_concurrency, args.judge_latency_ms)
+        print(f"{figures['judged_answers_per_s']} judged answers/s at concurrency {args.judge_concurrency} "
+              f"(server latency {args.judge_latency_ms:g} ms)")
+        print(json.dumps(figures))
+        return
     figures = run(args.entities, args.per_split, args.seed) if args.grammar != "compact" else {}
     for key, value in figures.items():
         if not isinstance(value, dict):

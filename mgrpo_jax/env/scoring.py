@@ -7,18 +7,20 @@ with the same function (`world_answer_correct`).
 
 Judges for the LLM-judged benchmarks are any callable `(question, gold, prediction) -> bool`;
 `OpenAICompatibleJudge` calls a `/chat/completions` endpoint. Judge prompts here are this project's own
-wording of each benchmark's protocol, versioned so scores can record which prompt produced them.
+wording of each benchmark's protocol (and of the paper's sub-task expert score, `EXPERT_PROMPT`), versioned so
+scores can record which prompt produced them. Verdicts are read strictly: the reply's last `GRADE:` / `结论:` /
+`SCORE:` line must hold exactly one of the allowed values, anything else is no verdict (None).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import string
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from mgrpo_jax.env.services import DEFAULT_RETRY, ChatEndpoint, ServiceClient, ServiceError
+from mgrpo_jax.store.retry import RetryPolicy
 
 _WHITESPACE = re.compile(r"\s")
 _LIST_SEPARATORS = re.compile(r"[,;]")
@@ -98,20 +100,48 @@ Judge = Callable[[str, str, str], bool]  # (question, gold answer, prediction) -
 
 @dataclass(frozen=True)
 class JudgePrompt:
+    """A judge's instructions and the strict reading of its reply: `parse_verdict(reply)` is 1.0 / 0.0 for a
+    yes / no verdict (a score in [0, 1] for `EXPERT_PROMPT`), None when the reply does not end in one."""
+
     version: str
     system: str
-    user_template: str  # formatted with question=, gold=, prediction=
-    parse_verdict: Callable[[str], bool]
+    user_template: str  # formatted with the case's fields: question, gold, prediction (or task, answer)
+    parse_verdict: Callable[[str], float | None]
+
+    def render(self, **fields: str) -> tuple[str, str]:
+        """(system, user) messages for one case."""
+        return self.system, self.user_template.format(**fields)
 
 
-def _last_grade(reply: str) -> bool:
-    grades = re.findall(r"GRADE:\s*(CORRECT|INCORRECT)", reply.upper())
-    return bool(grades) and grades[-1] == "CORRECT"
+def _last_labelled(reply: str, label: re.Pattern) -> str | None:
+    """The value of the reply's last line `<label>: value` (markdown emphasis and trailing full stops ignored)."""
+    values = [match.group(1) for line in str(reply).splitlines()
+              if (match := label.match(line.translate(_EMPHASIS).strip()))]
+    return values[-1].strip().rstrip(".。").strip() if values else None
 
 
-def _xbench_conclusion(reply: str) -> bool:
-    conclusions = re.findall(r"结论[:：]\s*(正确|错误)", reply)
-    return bool(conclusions) and conclusions[-1] == "正确"
+_EMPHASIS = str.maketrans("", "", "*_`")
+_GRADE = re.compile(r"GRADE\s*:\s*(.*)$", re.IGNORECASE)
+_CONCLUSION = re.compile(r"结论\s*[:：]\s*(.*)$")
+_SCORE = re.compile(r"SCORE\s*:\s*(.*)$", re.IGNORECASE)
+
+
+def _binary(label: re.Pattern, yes: str, no: str) -> Callable[[str], float | None]:
+    def parse(reply: str) -> float | None:
+        value = _last_labelled(reply, label)
+        value = value.upper() if value is not None else None
+        return 1.0 if value == yes else 0.0 if value == no else None
+
+    return parse
+
+
+def _unit_score(reply: str) -> float | None:
+    value = _last_labelled(reply, _SCORE)
+    try:
+        score = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return score if score is not None and 0.0 <= score <= 1.0 else None
 
 
 EQUIVALENCE_PROMPT = JudgePrompt(
@@ -122,7 +152,7 @@ EQUIVALENCE_PROMPT = JudgePrompt(
     "Does the predicted answer state the same fact as the reference answer? Ignore phrasing, "
     "punctuation and extra detail that does not contradict the reference. Think briefly, then end with "
     "a line 'GRADE: CORRECT' or 'GRADE: INCORRECT'.",
-    parse_verdict=_last_grade,
+    parse_verdict=_binary(_GRADE, "CORRECT", "INCORRECT"),
 )
 
 XBENCH_PROMPT = JudgePrompt(
@@ -131,47 +161,51 @@ XBENCH_PROMPT = JudgePrompt(
     user_template="问题：{question}\n标准答案：{gold}\n回答：{prediction}\n\n"
     "请按三行输出：\n最终答案: 从回答中提取的最终答案（没有则写 无）\n解释: 为什么与标准答案一致或不一致\n"
     "结论: 正确 或 错误（数值答案允许很小的误差）",
-    parse_verdict=_xbench_conclusion,
+    parse_verdict=_binary(_CONCLUSION, "正确", "错误"),
+)
+
+# The paper's r_expert: how well the sub-agent carried out the one sub-task the main agent delegated (its own work,
+# not whether the whole question was answered).
+EXPERT_PROMPT = JudgePrompt(
+    version="mgrpo-expert-v1",
+    system="You grade a research assistant's work on one sub-task that a lead researcher delegated to it. Judge "
+    "only the sub-task: is the answer responsive, specific and supported, without padding?",
+    user_template="The lead researcher's question (context only): {question}\nDelegated sub-task: {task}\n"
+    "Assistant's answer: {answer}\n\nHow well does the answer fulfil the sub-task? Think briefly, then end with "
+    "a line 'SCORE: s' where s is a number from 0 (useless or wrong) to 1 (complete and correct).",
+    parse_verdict=_unit_score,
 )
 
 
-class OpenAICompatibleJudge:
-    """A judge served by any OpenAI-compatible `/chat/completions` endpoint (vLLM, SGLang, a hosted API).
+def answer_prompt(benchmark: str) -> JudgePrompt:
+    """The judging prompt of `benchmark`'s protocol: XBench's three-line Chinese verdict, else the GRADE equivalence
+    prompt (WebWalkerQA's CoT-QA grade; GAIA and the offline world when a run asks for a judge)."""
+    return XBENCH_PROMPT if benchmark == "xbench" else EQUIVALENCE_PROMPT
 
-    Failures (network, malformed reply) count as incorrect, matching the benchmarks' own evaluators,
-    and are counted in `failures` so a run can report them.
+
+class OpenAICompatibleJudge:
+    """A `Judge` served by any OpenAI-compatible `/chat/completions` endpoint (vLLM, SGLang, a hosted API), one
+    call per answer (evaluation scripts; training batches its calls through `mgrpo_jax.env.judges.HttpJudge`).
+
+    An endpoint that stays unavailable, and a reply without a verdict, count as incorrect, matching the
+    benchmarks' own evaluators; the former are counted in `failures` so a run can report them.
     """
 
     def __init__(
         self, base_url: str, model: str, prompt: JudgePrompt = EQUIVALENCE_PROMPT, *,
-        api_key: str | None = None, timeout_s: float = 60.0, max_tokens: int = 512,
+        api_key: str | None = None, timeout_s: float = 60.0, max_tokens: int = 512, retry: RetryPolicy = DEFAULT_RETRY,
     ):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.prompt = model, prompt
-        self.api_key, self.timeout_s, self.max_tokens = api_key, timeout_s, max_tokens
+        client = ServiceClient("judge endpoint", api_key=api_key, timeout_s=timeout_s, retry=retry)
+        self.endpoint, self.prompt = ChatEndpoint(base_url, model, client, max_tokens), prompt
         self.failures = 0
 
     def __call__(self, question: str, gold: str, prediction: str) -> bool:
-        body = json.dumps({
-            "model": self.model,
-            "temperature": 0,
-            "max_tokens": self.max_tokens,
-            "messages": [
-                {"role": "system", "content": self.prompt.system},
-                {"role": "user", "content": self.prompt.user_template.format(
-                    question=question, gold=gold, prediction=prediction)},
-            ],
-        }).encode()
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                reply = json.loads(response.read())["choices"][0]["message"]["content"]
-        except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError):
+            reply = self.endpoint.complete(*self.prompt.render(question=question, gold=gold, prediction=prediction))
+        except ServiceError:
             self.failures += 1
             return False
-        return self.prompt.parse_verdict(str(reply))
+        return self.prompt.parse_verdict(reply) == 1.0
 
 
 def score_benchmark_answer(

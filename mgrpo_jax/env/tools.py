@@ -11,15 +11,15 @@ so the rollout engine executes it; this module only declares its schema (`DELEGA
 Sub-agent: `search(query)` and `visit(url)`. Single agent (the baseline): search, visit and reason.
 
 Backends: `WebBackend` is the seam for a real web service. `WorldBackend` serves the offline world with
-BM25 (bm25s) over page titles and fact sentences; `HttpSearchBackend` calls a JSON search API.
+BM25 (bm25s) over page titles and fact sentences; `HttpSearchBackend` calls a JSON search API, `HttpPageBackend` a
+page reader, and `SplitBackend` pairs a search backend with a reader. Page text longer than `VisitTool`'s
+`max_chars` (the agent's budget) is cut there.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,7 +28,9 @@ import numpy as np
 
 from mgrpo_jax.env import calculator
 from mgrpo_jax.env.protocol import ToolCall, valid_unicode
+from mgrpo_jax.env.services import DEFAULT_RETRY, ServiceClient, ServiceError
 from mgrpo_jax.env.world import World
+from mgrpo_jax.store.retry import RetryPolicy
 
 DELEGATE, REASON, SEARCH, VISIT = "delegate", "reason", "search", "visit"
 MAIN_AGENT_TOOLS: tuple[str, ...] = (DELEGATE, REASON)
@@ -106,8 +108,9 @@ def validate_arguments(spec: ToolSpec, arguments: Any) -> str | None:
     return None
 
 
-class BackendError(Exception):
-    """A backend could not serve a request (network failure, bad response); shown to the agent as text."""
+class BackendError(ServiceError):
+    """A backend could not serve a request (bad response); shown to the agent as text, like every `ServiceError`
+    (a service unreachable after its retries)."""
 
 
 @dataclass(frozen=True)
@@ -193,12 +196,13 @@ class WorldBackend:
 
 
 class HttpSearchBackend:
-    """A JSON search API over HTTP (e.g. a self-hosted search proxy), with an optional fetch endpoint.
+    """A JSON search API over HTTP (e.g. a self-hosted search proxy), with an optional page reader.
 
     Search: `GET {search_url}?{query_param}=<query>&{count_param}=<k>` answering
     `{"results": [{"title": …, "url": …, "snippet": …}, …]}` (the list key and the snippet key are
-    configurable, e.g. `snippet_key="content"` for SearxNG). Visit: `GET {visit_url}?url=<url>` answering
-    `{"title": …, "text": …}`, or any plain text body; 404 means no such page.
+    configurable, e.g. `snippet_key="content"` for SearxNG). Visit: `HttpPageBackend` on `visit_url`, with the
+    same key, timeout and retries. Requests retry and time out as `mgrpo_jax.env.services.ServiceClient` does; what
+    still fails reaches the agent as an `Error: …` text.
     """
 
     def __init__(
@@ -212,31 +216,21 @@ class HttpSearchBackend:
         count_param: str = "k",
         results_key: str = "results",
         snippet_key: str = "snippet",
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
-        self.search_url, self.visit_url = search_url, visit_url
-        self.api_key, self.timeout_s = api_key, timeout_s
+        self.search_url = search_url
+        self.client = ServiceClient("search service", api_key=api_key, timeout_s=timeout_s, retry=retry)
+        self.pages = (HttpPageBackend(visit_url, api_key=api_key, timeout_s=timeout_s, retry=retry)
+                      if visit_url else None)
         self.query_param, self.count_param = query_param, count_param
         self.results_key, self.snippet_key = results_key, snippet_key
 
-    def _get(self, base_url: str, params: Mapping[str, str]) -> tuple[int, bytes, str]:
-        separator = "&" if urllib.parse.urlparse(base_url).query else "?"
-        request = urllib.request.Request(base_url + separator + urllib.parse.urlencode(params))
-        if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.status, response.read(), response.headers.get_content_type()
-        except urllib.error.HTTPError as error:
-            return error.code, b"", ""
-        except (urllib.error.URLError, TimeoutError, OSError) as error:
-            raise BackendError(f"the search service is unreachable ({error})") from None
-
     def search(self, query: str, k: int) -> list[SearchHit]:
-        status, body, _ = self._get(self.search_url, {self.query_param: query, self.count_param: str(k)})
-        if status != 200:
-            raise BackendError(f"the search service answered HTTP {status}")
+        response = self.client.get(self.search_url, {self.query_param: query, self.count_param: str(k)})
+        if response.status != 200:
+            raise BackendError(f"the search service answered HTTP {response.status}")
         try:
-            results = json.loads(body)[self.results_key]
+            results = json.loads(response.body)[self.results_key]
             return [
                 SearchHit(str(item.get("title", "")), str(item["url"]), str(item.get(self.snippet_key, "")))
                 for item in results[:k]
@@ -245,21 +239,60 @@ class HttpSearchBackend:
             raise BackendError("the search service sent a response in an unexpected format") from None
 
     def visit(self, url: str) -> WebPage | None:
-        if self.visit_url is None:
+        if self.pages is None:
             raise BackendError("this search service has no page-fetch endpoint configured")
-        status, body, content_type = self._get(self.visit_url, {"url": url})
-        if status == 404:
+        return self.pages.visit(url)
+
+
+_URL_CHARACTERS = ":/?#[]@!$&'()*+,;=%~-._"
+
+
+class HttpPageBackend:
+    """A page reader over HTTP: the text of the page at a URL (for `visit`).
+
+    `GET {visit_url}?url=<url>`, or, when `visit_url` contains `{url}`, that template with the URL in its place
+    (readers such as `https://r.jina.ai/{url}`). The answer is `{"title": …, "text": …}` as JSON, or any plain-text
+    body; 404 means no such page. It has no search: pair it with a search backend (`SplitBackend`).
+    """
+
+    def __init__(self, visit_url: str, *, api_key: str | None = None, timeout_s: float = 10.0,
+                 retry: RetryPolicy = DEFAULT_RETRY):
+        self.visit_url = visit_url
+        self.client = ServiceClient("page service", api_key=api_key, timeout_s=timeout_s, retry=retry)
+
+    def search(self, query: str, k: int) -> list[SearchHit]:
+        raise BackendError("a page reader has no search")
+
+    def visit(self, url: str) -> WebPage | None:
+        if "{url}" in self.visit_url:  # the page's URL as a path: only what a URL may not hold is escaped
+            response = self.client.get(self.visit_url.replace("{url}", urllib.parse.quote(url, safe=_URL_CHARACTERS)))
+        else:
+            response = self.client.get(self.visit_url, {"url": url})
+        if response.status == 404:
             return None
-        if status != 200:
-            raise BackendError(f"the page service answered HTTP {status}")
-        text = body.decode("utf-8", errors="replace")
-        if content_type == "application/json":
+        if response.status != 200:
+            raise BackendError(f"the page service answered HTTP {response.status}")
+        if response.content_type == "application/json":
             try:
-                payload = json.loads(text)
+                payload = json.loads(response.body)
                 return WebPage(url, str(payload.get("title", "")), str(payload["text"]))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise BackendError("the page service sent a response in an unexpected format") from None
-        return WebPage(url, "", text)
+        return WebPage(url, "", response.text())
+
+
+@dataclass(frozen=True)
+class SplitBackend:
+    """Search from one backend, pages from another (a search API with a separate reader)."""
+
+    searcher: WebBackend
+    reader: WebBackend
+
+    def search(self, query: str, k: int) -> list[SearchHit]:
+        return self.searcher.search(query, k)
+
+    def visit(self, url: str) -> WebPage | None:
+        return self.reader.visit(url)
 
 
 class Tool:
@@ -279,7 +312,7 @@ class Tool:
                      for name, value in arguments.items()}
         try:
             return self._run(**arguments)
-        except BackendError as failure:
+        except ServiceError as failure:
             return f"Error: {failure}"
 
     def _run(self, **arguments: str) -> str:
@@ -301,7 +334,7 @@ class SearchTool(Tool):
             return "Error: the search query is empty.", []
         try:
             hits = self.backend.search(query, self.top_k)
-        except BackendError as failure:
+        except ServiceError as failure:
             return f"Error: {failure}", []
         return self._format(query, hits), hits
 
@@ -368,9 +401,9 @@ def main_agent_toolbox() -> ToolBox:
     return ToolBox([ReasonTool()], declared=[DELEGATE_SPEC])
 
 
-def sub_agent_toolbox(backend: WebBackend, top_k: int = 5) -> ToolBox:
-    return ToolBox([SearchTool(backend, top_k), VisitTool(backend)])
+def sub_agent_toolbox(backend: WebBackend, top_k: int = 5, page_chars: int | None = None) -> ToolBox:
+    return ToolBox([SearchTool(backend, top_k), VisitTool(backend, page_chars)])
 
 
-def single_agent_toolbox(backend: WebBackend, top_k: int = 5) -> ToolBox:
-    return ToolBox([SearchTool(backend, top_k), VisitTool(backend), ReasonTool()])
+def single_agent_toolbox(backend: WebBackend, top_k: int = 5, page_chars: int | None = None) -> ToolBox:
+    return ToolBox([SearchTool(backend, top_k), VisitTool(backend, page_chars), ReasonTool()])

@@ -171,9 +171,12 @@ def slugify(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+CHARS_PER_TOKEN = 4  # about four characters per token for English BPE vocabularies
+
+
 def estimate_tokens(text: str) -> int:
-    """A tokenizer-free length estimate (about four characters per token for English BPE vocabularies)."""
-    return (len(text) + 3) // 4
+    """A tokenizer-free length estimate (`CHARS_PER_TOKEN`)."""
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
 class _NameMaker:

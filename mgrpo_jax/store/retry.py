@@ -81,9 +81,11 @@ class PollPolicy:
 
 
 def call_with_retry(
-    fn: Callable[[], T], policy: RetryPolicy, on_giveup: Callable[[BaseException, int], Exception]
+    fn: Callable[[], T], policy: RetryPolicy, on_giveup: Callable[[BaseException, int], Exception],
+    retryable: Callable[[BaseException], bool] = is_transient,
 ):
-    """Calls ``fn`` until it succeeds, retrying transient errors; ``on_giveup(exc, n)`` builds the error."""
+    """Calls ``fn`` until it succeeds, retrying the errors ``retryable`` accepts (transient store errors by
+    default); ``on_giveup(exc, n)`` builds the error."""
     start = time.monotonic()
     delays = policy.delays()
     attempt = 0
@@ -92,7 +94,7 @@ def call_with_retry(
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_transient(exc):
+            if not retryable(exc):
                 raise on_giveup(exc, attempt) from exc
             delay = next(delays)
             out_of_time = time.monotonic() - start + delay > policy.deadline_s

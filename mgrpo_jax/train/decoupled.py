@@ -46,12 +46,12 @@ import numpy as np
 from mgrpo_jax.config import validate
 from mgrpo_jax.core import RolloutArrays, main_reward
 from mgrpo_jax.env.prompts import MAIN, SUB
-from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
 from mgrpo_jax.rollout.rewards import rollout_arrays
 from mgrpo_jax.store import Record, StoreError, StoreTimeout, open_store
 from mgrpo_jax.store.records import seal, unseal
 from mgrpo_jax.store.retry import poll_until
+from mgrpo_jax.train import system
 from mgrpo_jax.train.exchange import Exchange, SubStep
 from mgrpo_jax.train.seeds import derive_seed
 from mgrpo_jax.train.trainer import Trainer
@@ -244,8 +244,9 @@ class SubExchange(Exchange):
         counts = view.array("sub_counts")
         rollout, keys = self._cached_rollout(step, counts, cache)
         run = self.run
-        own = rollout_arrays(rollout, world_answer_correct, run.env.judge.score, (), run.engine.sub.tool_names,
-                             run.engine.grammar, calls=run.config.rollout.max_sub_calls)
+        judge = system.reward_judge(run.config, run.env)
+        own = rollout_arrays(rollout, judge, (), run.engine.sub.tool_names, run.engine.grammar,
+                             calls=run.config.rollout.max_sub_calls)
         correct = view.array("main_correct")
         # The sub-agent's targets never read the main agent's format gate (a main job from before it was published
         # leaves it out); it is carried for completeness.
@@ -255,7 +256,7 @@ class SubExchange(Exchange):
         versions = {key: cache[key][1] for key in keys}
         metrics = {"sub/served": served, "sub/main_correct": float(correct.mean()),
                    "sub/main_version": view.policy_version, **{f"time/{k}": v for k, v in timings.items()},
-                   "time/serve_s": time.perf_counter() - start}
+                   "time/serve_s": time.perf_counter() - start, **judge.metrics()}
         metrics.update({k: v for k, v in rollout.stats().items() if k.startswith("sub/")})
         if versions:
             metrics["sub/staleness"] = float(np.mean([version - v for v in versions.values()]))

@@ -14,10 +14,9 @@ import numpy as np
 
 from mgrpo_jax.core import d_histogram
 from mgrpo_jax.env.prompts import SUB
-from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.rewards import rollout_arrays
-from mgrpo_jax.train import evaluation, unsync
+from mgrpo_jax.train import evaluation, system, unsync
 from mgrpo_jax.train.seeds import derive_seed
 
 
@@ -31,10 +30,12 @@ def main_rollout(run):
         evaluation.log_transcripts(evaluation.transcripts_path(run.workdir), rollout, run.step,
                                    cfg.train.log_transcripts)
     sub_tools = run.engine.sub.tool_names if run.engine.sub else None
-    arrays = rollout_arrays(rollout, world_answer_correct, run.env.judge.score, run.engine.top.tool_names, sub_tools,
-                            run.engine.grammar, calls=cfg.rollout.max_sub_calls)
+    judge = system.reward_judge(cfg, run.env)
+    arrays = rollout_arrays(rollout, judge, run.engine.top.tool_names, sub_tools, run.engine.grammar,
+                            calls=cfg.rollout.max_sub_calls)
     run.exchange.publish(run.step, rollout, arrays)
     metrics.update(rollout.stats())
+    metrics.update(judge.metrics())
     metrics.update({f"time/{k}": v for k, v in rollout.timings.items()})
     metrics["time/judge_s"] = time.perf_counter() - start
     return rollout, arrays, metrics

@@ -16,20 +16,26 @@ from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorld
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
 from mgrpo_jax.env.experts import NoiseConfig
 from mgrpo_jax.env.grammar import get_grammar
+from mgrpo_jax.env.judges import HttpJudge, RewardJudge, RuleJudge
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB, system_prompt
 from mgrpo_jax.env.protocol import ToolCall
 from mgrpo_jax.env.questions import QuestionSetSizes
+from mgrpo_jax.env.scoring import answer_prompt
+from mgrpo_jax.env.services import ChatEndpoint, ServiceClient, api_key_from_env
 from mgrpo_jax.env.tools import (
+    HttpPageBackend,
     HttpSearchBackend,
+    SplitBackend,
     WorldBackend,
     main_agent_toolbox,
     single_agent_toolbox,
     sub_agent_toolbox,
 )
-from mgrpo_jax.env.world import WorldConfig
+from mgrpo_jax.env.world import CHARS_PER_TOKEN, WorldConfig
 from mgrpo_jax.model import get_model_config, get_rules, make_mesh
 from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.sampling import Sampler
+from mgrpo_jax.store.retry import RetryPolicy
 from mgrpo_jax.tokenizer import Tokenizer
 from mgrpo_jax.train.learner import Learner
 from mgrpo_jax.train.state import create_agent_state, model_from_state
@@ -51,11 +57,43 @@ def build_environment(config: ml_collections.ConfigDict) -> OfflineEnvironment |
     return dataclasses.replace(env, backend=backend)
 
 
+def service_settings(config) -> dict:
+    """Timeout and retries of every real service's requests (env.http_*), as `ServiceClient` keyword arguments."""
+    attempts, timeout_s, longest = int(config.env.http_max_attempts), float(config.env.http_timeout_s), 16.0
+    retry = RetryPolicy(max_attempts=attempts, initial_s=float(config.env.http_backoff_s), max_delay_s=longest,
+                        deadline_s=attempts * (timeout_s + longest))
+    return {"timeout_s": timeout_s, "retry": retry}
+
+
 def web_backend(config, env: OfflineEnvironment):
-    """The offline world's BM25 backend, or a real search/visit service when the config names one."""
-    if config.env.search_url:
-        return HttpSearchBackend(config.env.search_url, config.env.visit_url or None)
-    return env.backend
+    """The offline world's BM25 backend, or the real search API and page reader the config names."""
+    e = config.env
+    searcher = env.backend
+    if e.search_url:
+        searcher = HttpSearchBackend(e.search_url, api_key=api_key_from_env(e.search_api_key_env),
+                                     **service_settings(config))
+    if not e.visit_url:
+        return searcher
+    reader = HttpPageBackend(e.visit_url, api_key=api_key_from_env(e.visit_api_key_env), **service_settings(config))
+    return SplitBackend(searcher, reader)
+
+
+def page_chars(config, agent: str) -> int | None:
+    """How much of a page read from `env.visit_url` the agent sees (None: the offline world's pages, whole)."""
+    if not config.env.visit_url:
+        return None
+    return int(config.env.visit_max_chars) or int(config[agent].context_tokens) * CHARS_PER_TOKEN
+
+
+def reward_judge(config, env: OfflineEnvironment | CompactEnvironment) -> RewardJudge:
+    """The judge of r_correct and r_expert: the world's rule-based judges, or the LLM at `env.judge_url`. Built per
+    step (cheap: no connection is kept), so its `metrics()` are the step's."""
+    e = config.env
+    if not e.judge_url:
+        return RuleJudge(env.judge.score)
+    client = ServiceClient("judge endpoint", api_key=api_key_from_env(e.judge_api_key_env), **service_settings(config))
+    return HttpJudge(ChatEndpoint(e.judge_url, e.judge_model, client, int(e.judge_max_tokens)),
+                     answer_prompt(config.benchmark), concurrency=int(e.judge_concurrency))
 
 
 def noise_config(config) -> NoiseConfig | CompactNoise:
@@ -230,8 +268,8 @@ def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment | Compact
             return env.system_prompt(name), env.tools(name)
     else:
         backend, top_k = web_backend(config, env), config.env.search_top_k
-        toolboxes = {MAIN: main_agent_toolbox(), SUB: sub_agent_toolbox(backend, top_k),
-                     SINGLE: single_agent_toolbox(backend, top_k)}
+        toolboxes = {MAIN: main_agent_toolbox(), SUB: sub_agent_toolbox(backend, top_k, page_chars(config, SUB)),
+                     SINGLE: single_agent_toolbox(backend, top_k, page_chars(config, SINGLE))}
 
         def prompt_and_tools(name):
             toolbox = toolboxes[name]

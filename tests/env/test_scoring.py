@@ -13,6 +13,7 @@ from mgrpo_jax.env.scoring import (
     score_benchmark_answer,
     xbench_fast_path,
 )
+from mgrpo_jax.store.retry import RetryPolicy
 
 # What GAIA's official `question_scorer` makes of typical answers: (model answer, gold, counted correct).
 GAIA_TABLE = [
@@ -79,7 +80,8 @@ def chat_server():
 
 def test_openai_compatible_judge(chat_server):
     _FakeChatServer.replies[:] = ["Same city.\nGRADE: CORRECT", "GRADE: CORRECT... no wait\nGRADE: INCORRECT", None]
-    judge = OpenAICompatibleJudge(chat_server, "judge-model", EQUIVALENCE_PROMPT, timeout_s=5)
+    judge = OpenAICompatibleJudge(chat_server, "judge-model", EQUIVALENCE_PROMPT, timeout_s=5,
+                                  retry=RetryPolicy(max_attempts=1))
     assert judge("q", "Paris", "It is Paris.")
     assert not judge("q", "Paris", "Lyon")
     assert not judge("q", "Paris", "Paris") and judge.failures == 1

@@ -22,6 +22,7 @@ from mgrpo_jax.env.tools import (
     sub_agent_toolbox,
 )
 from mgrpo_jax.env.world import generate_world
+from mgrpo_jax.store.retry import RetryPolicy
 
 
 @cache
@@ -233,5 +234,6 @@ def test_http_backend_against_a_local_server(search_api):
 
 
 def test_http_backend_unreachable_is_text():
-    http = HttpSearchBackend("http://127.0.0.1:9/search", timeout_s=1)
+    quick = RetryPolicy(max_attempts=2, initial_s=0.01)
+    http = HttpSearchBackend("http://127.0.0.1:9/search", timeout_s=1, retry=quick)
     assert SearchTool(http)({"query": "x"}).startswith("Error: the search service is unreachable")
