@@ -13,7 +13,8 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
         (step s, query, rollout, invocation, M's policy version; payload: task, context, question id) and the
         main waits for their answers before its next turn (`MainRole._delegate`, the engine's `sub_executor`).
   sub   claims the pending tasks of step s, runs them with its own sampler and tools in lock-step batches,
-        appends each trajectory to its local cache (`workdir/sub/cache/<step>.jsonl`), then answers.
+        appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the bucket with a gs://
+        workdir), then answers.
   main  judges its rollouts, commits `main_format_ok`, `main_correct`, `main_reward`, `sub_counts` for step s,
         trains M.
   sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
@@ -51,7 +52,7 @@ from mgrpo_jax.rollout.rewards import rollout_arrays
 from mgrpo_jax.store import Record, StoreError, StoreTimeout, open_store
 from mgrpo_jax.store.records import seal, unseal
 from mgrpo_jax.store.retry import poll_until
-from mgrpo_jax.train import system
+from mgrpo_jax.train import files, system
 from mgrpo_jax.train.exchange import Exchange, SubStep
 from mgrpo_jax.train.seeds import derive_seed
 from mgrpo_jax.train.trainer import Trainer
@@ -128,14 +129,14 @@ class MainExchange(Exchange):
 
 class SubExchange(Exchange):
     """The sub job's side: serves the main job's delegations with its own sampler and tools, caching each
-    trajectory locally, until the main job commits the step; then hands the cached step to the run loop."""
+    trajectory in its workdir, until the main job commits the step; then hands the cached step to the run loop."""
 
     def __init__(self, run: Trainer):
         self.run, self.store = run, run.store
         self.timeout_s = float(run.config.decoupled.timeout_s)
         self.worker = run.config.decoupled.worker
-        self.cache_dir = os.path.join(run.workdir, "cache")
-        os.makedirs(self.cache_dir, exist_ok=True)
+        self.cache_dir = files.as_path(run.workdir) / "cache"  # in the bucket with a gs:// workdir
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.question_by_id = {q.id: q for _, split in run.env.questions.items() for q in split}
 
     @staticmethod
@@ -146,48 +147,40 @@ class SubExchange(Exchange):
             raise StoreTimeout(f"timed out after {timeout_s:g}s waiting for the main job's tokenizer: missing "
                                f"{store.url}{TOKENIZER_KEY} (is the --role=main job running on this store?)",
                                url=store.url, missing=(TOKENIZER_KEY,))
-        path = os.path.join(workdir, "tokenizer.model")
-        if not config.tokenizer.path and not os.path.exists(path):
-            os.makedirs(workdir, exist_ok=True)
-            with open(path + ".tmp", "wb") as f:
-                f.write(base64.b64decode(published["model"]))
-            os.replace(path + ".tmp", path)
+        path = files.as_path(workdir) / "tokenizer.model"
+        if not config.tokenizer.path and not path.exists():
+            files.write_atomic(path, base64.b64decode(published["model"]))
         return published
 
     # -- the local trajectory cache ----------------------------------------------------------------------
 
-    def _cache_path(self, step: int) -> str:
-        return os.path.join(self.cache_dir, f"{step:010d}.jsonl")
+    def _cache_path(self, step: int):
+        return self.cache_dir / f"{step:010d}.jsonl"
 
     def _load_cache(self, step: int) -> dict:
         """{(query, rollout, invocation): (sub-episode, sampling version, question id)} served at `step`."""
         cache = {}
-        if not os.path.exists(self._cache_path(step)):
-            return cache
-        with open(self._cache_path(step)) as f:
-            for line in f:
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a crash: that task is served again
-                    log.warning("skipping a partial line in %s", self._cache_path(step))
-                    continue
-                cache[(entry["q"], entry["r"], entry["i"])] = (Episode.from_json(entry), entry["version"],
-                                                               entry["question_id"])
+        for line in (files.read_text(self._cache_path(step)) or "").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a crash: that task is served again
+                log.warning("skipping a partial line in %s", self._cache_path(step))
+                continue
+            cache[(entry["q"], entry["r"], entry["i"])] = (Episode.from_json(entry), entry["version"],
+                                                           entry["question_id"])
         return cache
 
     def _append_cache(self, step: int, served: list) -> None:
-        with open(self._cache_path(step), "a") as f:
+        with files.AppendFile(self._cache_path(step), durable=True) as f:
             for episode, version, question_id in served:
                 f.write(json.dumps({**episode.to_json(), "version": version, "question_id": question_id}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
 
     def after_save(self, checkpoint_steps):
         # The newest checkpoint may still be in flight (a kill now resumes from the one before it).
         before_step = ([0, 0] + list(checkpoint_steps))[-2]
-        for name in os.listdir(self.cache_dir):
-            if name.endswith(".jsonl") and int(name.split(".")[0]) < before_step:
-                os.remove(os.path.join(self.cache_dir, name))
+        for path in self.cache_dir.iterdir():
+            if path.name.endswith(".jsonl") and int(path.name.split(".")[0]) < before_step:
+                path.unlink()
 
     # -- serving -----------------------------------------------------------------------------------------
 

@@ -59,8 +59,9 @@ def append_text(path, text: str) -> None:
 class AppendFile:
     """Text appended to `path`, local or remote (see the module docstring). A context manager."""
 
-    def __init__(self, path, flush_every_s: float = 0.0):
+    def __init__(self, path, flush_every_s: float = 0.0, durable: bool = False):
         self.path, self.remote, self.flush_every_s = as_path(path), is_remote(path), float(flush_every_s)
+        self.durable = durable  # local: fsync on flush, so what was written survives a crash of the machine
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._last_flush = time.monotonic()
         if self.remote:
@@ -81,7 +82,7 @@ class AppendFile:
             self._file.close()
             self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
         self._file.write(text)
-        if self.flush_every_s == 0:
+        if self.flush_every_s == 0 and not self.durable:
             self._file.flush()
 
     def flush(self) -> None:
@@ -91,6 +92,8 @@ class AppendFile:
                 self._dirty = False
         elif not self._file.closed:
             self._file.flush()
+            if self.durable:
+                os.fsync(self._file.fileno())
         self._last_flush = time.monotonic()
 
     def close(self) -> None:

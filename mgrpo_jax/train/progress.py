@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-ETA_WINDOW = 10  # steps: the ETA follows the recent pace (the first steps compile)
+ETA_WINDOW = 10  # steps: the ETA follows the recent pace
 
 
 def format_duration(seconds: float) -> str:
@@ -55,7 +55,8 @@ class Phase:
     def __init__(self, progress: Progress | None, description: str, total: int, done: int = 0):
         self.description, self.total, self.done = description, int(total), int(done)
         self._progress = progress
-        self._times: deque[tuple[float, int]] = deque([(time.perf_counter(), self.done)], maxlen=ETA_WINDOW + 1)
+        # (time, done) after each step of this process; the pace starts after the first one, which compiles
+        self._times: deque[tuple[float, int]] = deque(maxlen=ETA_WINDOW + 1)
         self._task = None
         if progress is not None:
             self._task = progress.add_task(description, total=self.total, completed=self.done, figures="")
@@ -67,7 +68,10 @@ class Phase:
             self._progress.update(self._task, completed=self.done, figures=format_figures(figures))
 
     def eta_seconds(self) -> float | None:
-        """Seconds left at the pace of the last `ETA_WINDOW` steps of this process (None before one step)."""
+        """Seconds left at the pace of the last `ETA_WINDOW` steps of this process, not counting its first (None
+        before its second)."""
+        if len(self._times) < 2:
+            return None
         (t0, d0), (t1, d1) = self._times[0], self._times[-1]
         if d1 <= d0:
             return None
@@ -123,7 +127,9 @@ class RunProgress:
         streams = {id(sys.stderr), id(sys.__stderr__), id(sys.stdout), id(sys.__stdout__)}
         for logger in (logging.getLogger(), logging.getLogger("mgrpo_jax")):
             for handler in list(logger.handlers):
-                if type(handler) is logging.StreamHandler and id(handler.stream) in streams:
+                # absl's handler (installed by app.run) writes through an inner stream handler
+                stream = getattr(getattr(handler, "_current_handler", handler), "stream", None)
+                if not isinstance(handler, logging.FileHandler) and id(stream) in streams:
                     replacement = RichHandler(console=self.console, level=handler.level, show_path=False,
                                               rich_tracebacks=False)
                     logger.removeHandler(handler)

@@ -22,11 +22,12 @@ def test_format_figures_keeps_numbers_in_order():
 
 
 def test_phase_line_has_the_eta_of_the_recent_pace(monkeypatch):
-    clock = iter([100.0, 104.0, 108.0, 112.0])  # the phase starts at 100 s, then a step every 4 s
+    clock = iter([160.0, 164.0, 168.0])  # the first step took a minute (compilation), then one every 4 s
     monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
     phase = Phase(None, "RL", total=20, done=5)  # resumed at step 5: the pace counts this process's steps only
     assert phase.line(reward=0.5) == "5/20 | reward 0.500"  # no pace yet, no ETA
     phase.update(6)
+    assert phase.eta_seconds() is None  # the first step's time is compilation, not pace
     phase.update(7)
     assert phase.eta_seconds() == pytest.approx(4.0 * 13)
     assert phase.line(reward=0.25) == "7/20 | reward 0.250 | ETA 52s"
@@ -35,13 +36,13 @@ def test_phase_line_has_the_eta_of_the_recent_pace(monkeypatch):
 
 
 def test_phase_pace_follows_the_last_steps_only(monkeypatch):
-    times = [0.0] + [100.0 + i for i in range(1, 30)]  # a slow first step (compilation), then 1 s per step
+    times = [3.0 * d if d <= 10 else 30.0 + (d - 10) for d in range(1, 30)]  # 3 s per step, then 1 s
     clock = iter(times)
     monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
     phase = Phase(None, "RL", total=100)
     for done in range(1, 30):
         phase.update(done)
-    assert phase.eta_seconds() == pytest.approx(71.0)  # 71 steps left at 1 s each, the slow step forgotten
+    assert phase.eta_seconds() == pytest.approx(71.0)  # 71 steps left at the last 10 steps' 1 s
 
 
 def test_no_bars_off_a_terminal():
@@ -73,3 +74,18 @@ def test_bars_on_a_terminal_and_logging_above_them():
 
 def test_disabled_progress_is_never_live():
     assert not RunProgress(enabled=False, console=Console(file=io.StringIO(), force_terminal=True)).live
+
+
+def test_absl_handler_is_routed_above_the_bars():
+    """launch/tpu_run.py runs under absl's app.run, whose handler writes to stderr through an inner handler."""
+    from absl import logging as absl_logging
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100, color_system=None)
+    logger, handler = logging.getLogger(), absl_logging.get_absl_handler()
+    logger.addHandler(handler)
+    try:
+        with RunProgress(console=console):
+            assert handler not in logger.handlers
+        assert handler in logger.handlers
+    finally:
+        logger.removeHandler(handler)
