@@ -218,6 +218,7 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
     output = "".join(lines)
     assert proc.wait(timeout=300) == 75, output[-4000:]
     assert "Traceback" not in output and "checkpoint written" in output
+    assert output.count("step 1/50 |") == 1 and "[step 1/" not in output  # each step is printed once
     record = json.loads((workdir / "summary.json").read_text())["run"]
     assert record["status"] == "preempted"
     step = record["step"]
