@@ -41,6 +41,7 @@ class Learner:
     sampler: Sampler
     rules: Sequence = ()  # the sharding rules its parameters are laid out by (`agent.sharding_rules`)
     trainable: bool = True
+    tokenizer: object = None  # its ChatTokenizer: the run's, or its `init_from` checkpoint's own
     _policy_step: object = dataclasses.field(default=None, repr=False)
 
     def publish(self) -> None:
