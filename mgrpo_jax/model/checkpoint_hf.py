@@ -37,6 +37,7 @@ import safetensors
 import safetensors.numpy
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from mgrpo_jax.model.config import ModelConfig
@@ -365,11 +366,14 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
     directory or a gs:// URL.
 
     ``dtype``: 'float32' | 'bfloat16' | 'float16' for the stored tensors (default: the param dtype).
-    Host memory holds one of our (stacked) parameters plus the shard being written (``max_shard_bytes``).
+    Host memory holds one of our (stacked) parameters plus the shard being written (``max_shard_bytes``). In a
+    multi-process job every process calls it (parameters spread over hosts are gathered) and process 0 writes.
     """
     cfg = model.cfg
     path = epath.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    writes = jax.process_index() == 0
+    if writes:
+        path.mkdir(parents=True, exist_ok=True)
     out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else \
         np.dtype(dtype or cfg.param_dtype)
     variables = _variables(model)
@@ -399,7 +403,10 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
     def hf_tensor(name: str, layer: int | None) -> np.ndarray:
         if name not in host:
             host.clear()  # one of our (stacked) params in host memory at a time
-            host[name] = np.asarray(jax.device_get(variables[name][...]))
+            value = variables[name][...]
+            if not value.is_fully_addressable:
+                value = multihost_utils.process_allgather(value, tiled=True)
+            host[name] = np.asarray(jax.device_get(value))
         a = host[name] if layer is None else host[name][layer]
         return np.ascontiguousarray(_ours_to_hf(name, a), dtype=out_dtype)
 
@@ -407,8 +414,12 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for fname, shard in zip(names, shards, strict=True):
-        write_safetensors(path / fname, {e[0]: hf_tensor(e[2], e[3]) for e in shard}, metadata={"format": "pt"})
+        tensors = {e[0]: hf_tensor(e[2], e[3]) for e in shard}
+        if writes:
+            write_safetensors(path / fname, tensors, metadata={"format": "pt"})
         weight_map.update({e[0]: fname for e in shard})
+    if not writes:
+        return
     if len(shards) > 1:
         total = sum(math.prod(e[1]) * out_dtype.itemsize for e in entries)
         (path / "model.safetensors.index.json").write_text(

@@ -1,0 +1,147 @@
+"""`agent.init_from` a Hugging Face checkpoint with its own tokenizer, and `export` back, against `transformers` on
+tiny checkpoints built here (tests/model/tiny_hf.py: Qwen3 with a BPE tokenizer.json, Gemma with SentencePiece)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from mgrpo_jax.config import get_config
+from mgrpo_jax.env.prompts import SYSTEM
+from mgrpo_jax.model import token_logprobs
+from mgrpo_jax.tokenizer import PROTOCOL_TAGS
+from mgrpo_jax.tokenizer_hf import HFTokenizer, WithAddedTokens, load_checkpoint_tokenizer, write_tokenizer_files
+from mgrpo_jax.train import export
+from mgrpo_jax.train.state import model_from_state
+from mgrpo_jax.train.trainer import Trainer
+from tests.model.tiny_hf import smoke_corpus, tiny_gemma, tiny_qwen3
+
+TAGGED = [("system", "You are the main agent. Use tools."), ("user", "Question: Who founded Varn Corp in 1987?"),
+          ("assistant", '<think>look</think><tool_call>{"name": "search", "arguments": {"query": "Varn  Corp"}}'
+                        "</tool_call>"),
+          ("tool", "<tool_response>1. Varn Corp — founded 1987 by Ada\n  Lovelace. ünï 😀</tool_response>"),
+          ("assistant", "<answer>Ada Lovelace</answer>")]
+PLAIN = [(role, text) for role, text in TAGGED[:2]] + [("assistant", "Let me add: 12 + 30 = 42.\n\nDone"),
+                                                       ("tool", "1. Varn Corp — founded 1987.")]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return smoke_corpus(limit_questions=10)
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory, corpus):
+    return tiny_qwen3(tmp_path_factory.mktemp("qwen3"), corpus)
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory, corpus):
+    return tiny_gemma(tmp_path_factory.mktemp("gemma"), corpus)
+
+
+def _hf_ids(tok, messages, generation_prompt):
+    ids = tok.apply_chat_template([{"role": r, "content": t} for r, t in messages], tokenize=True,
+                                  add_generation_prompt=generation_prompt)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma"])
+def test_rendered_chat_ids_equal_transformers_apply_chat_template(family, request, tmp_path):
+    directory = request.getfixturevalue(f"{family}_dir")
+    ours = load_checkpoint_tokenizer(directory, PROTOCOL_TAGS)
+    hf = transformers.AutoTokenizer.from_pretrained(directory)
+    for prompt in (False, True):
+        assert ours.render_chat(PLAIN, add_generation_prompt=prompt)[0] == _hf_ids(hf, PLAIN, prompt)
+    # The chat tags: the checkpoint's own special tokens where it has them, appended after its vocabulary otherwise.
+    assert isinstance(ours, WithAddedTokens)
+    if family == "qwen3":
+        assert isinstance(ours.base, HFTokenizer) and ours.chat_format.name == "chatml"
+        assert ours.token_id("<tool_call>") == hf.convert_tokens_to_ids("<tool_call>") < len(hf)
+        assert list(ours.added) == ["<answer>", "</answer>"]
+    else:
+        assert ours.chat_format.name == "gemma" and len(ours.added) == len(PROTOCOL_TAGS)
+    base = ours.base.vocab_size  # appended right after the checkpoint tokenizer's own vocabulary
+    assert sorted(ours.added.values()) == list(range(base, base + len(ours.added)))
+    # The exported tokenizer files render the tagged conversation (and every tag as one token) as we do.
+    write_tokenizer_files(ours, directory, tmp_path)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ids, mask = ours.render_chat(TAGGED)
+    assert ids == _hf_ids(exported, TAGGED, False)
+    assert all(len(exported.encode(tag, add_special_tokens=False)) == 1 for tag in PROTOCOL_TAGS)
+    # Only the assistants' content and end-of-turn tokens are trained; decoding gives the text back.
+    assistant = [ours.encode(t) + [ours.end_of_turn_id] for r, t in TAGGED if r == "assistant"]
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == [i for turn in assistant for i in turn]
+    assert ours.decode(ours.encode(TAGGED[3][1])) == TAGGED[3][1]
+
+
+def _hf_logprobs(model, tokens):
+    with torch.no_grad():
+        logits = model(input_ids=torch.as_tensor([tokens])).logits[0].double()
+    return torch.log_softmax(logits, -1)[:-1].gather(1, torch.as_tensor(tokens[1:])[:, None])[:, 0].numpy()
+
+
+def _hf_with_mean_rows(directory, added_ids):
+    """The checkpoint in transformers, its appended tokens' rows set as `init_from` sets them (mean rows)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    real = min(added_ids)
+    with torch.no_grad():
+        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+            table[added_ids] = table[:real].mean(0)
+    return model
+
+
+@pytest.mark.slow
+def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
+    config = get_config("xbench", "smoke")
+    config.main.init_from = str(qwen3_dir)
+    trainer = Trainer(config, str(tmp_path / "run"))
+    main, sub = trainer.agents["main"], trainer.agents["sub"]
+    assert list(main.tokenizer.added) == ["<answer>", "</answer>"] and sub.tokenizer is trainer.tokenizer
+    assert main.model_config.vocab_size == 1024 and main.model_config.family == "qwen3"  # padding rows took them
+
+    # A sampled episode: its first teacher-forced log-probs are transformers' on the same ids (to 1e-5), and it
+    # decodes to the text the environment wrote and the agent sampled.
+    batch = trainer.engine.run(trainer.questions[:1], 1, seed=0)
+    episode = batch.top[0][0]
+    tokens = np.asarray(episode.tokens, np.int32)[None]
+    ours = np.asarray(token_logprobs(model_from_state(main.graphdef, main.state), jnp.asarray(tokens),
+                                     jnp.arange(tokens.shape[1])[None], jnp.ones(tokens.shape, bool)))[0, 1:]
+    reference = _hf_with_mean_rows(qwen3_dir, list(main.tokenizer.added.values()))
+    assert np.abs(ours - _hf_logprobs(reference, episode.tokens)).max() < 1e-5
+    trained = np.asarray(episode.loss_mask, bool)
+    assert np.abs(np.asarray(episode.logprobs)[trained] - ours[trained[1:]]).max() < 1e-4  # the sampler's
+    text = main.tokenizer.decode(episode.tokens)
+    assert text.startswith(f"<|im_start|>{SYSTEM}\n{trainer.engine.top.system_prompt}<|im_end|>\n<|im_start|>user\n")
+    assert trainer.questions[0].text in text and all(turn in text for turn in episode.turns)
+    for sub_episode in episode.subs:  # the task crossed as text, tokenized by the sub-agent's own tokenizer
+        assert sub_episode.call["task"] in sub.tokenizer.decode(sub_episode.tokens)
+
+    # The run, then its export: transformers loads it with the same logits and the agent's tokenizer.
+    export.record_agents(trainer.workdir, trainer.agents)
+    trainer.run()
+    written = export.export_agents(trainer)
+    out = tmp_path / "run" / "export" / "main"
+    assert str(out) in written
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ours_final = np.asarray(token_logprobs(model_from_state(main.graphdef, main.state), jnp.asarray(tokens),
+                                           jnp.arange(tokens.shape[1])[None], jnp.ones(tokens.shape, bool)))[0, 1:]
+    assert np.abs(ours_final - _hf_logprobs(hf, episode.tokens)).max() < 1e-5
+    assert np.abs(ours_final - ours).max() > 1e-4  # it trained (warm start and RL moved it)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert main.tokenizer.render_chat(TAGGED)[0] == _hf_ids(hf_tok, TAGGED, False)
+    # The command-line export of the latest checkpoint writes the same weights.
+    cli = export.export_checkpoint(str(tmp_path / "run"), "main", str(tmp_path / "cli"))
+    again = transformers.AutoModelForCausalLM.from_pretrained(cli, dtype=torch.float32).eval()
+    for (name, a), (_, b) in zip(hf.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert json.loads((tmp_path / "cli" / "tokenizer_config.json").read_text())["added_tokens_decoder"]["1000"][
+        "content"] == "<answer>"
+
+
+def test_export_cli_names_a_missing_agent(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--agent='nope'"):
+        export.export_checkpoint(str(tmp_path), "nope", str(tmp_path / "out"))
