@@ -3,6 +3,7 @@ tiny checkpoints built here (tests/model/tiny_hf.py: Qwen3 with a BPE tokenizer.
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from mgrpo_jax.env.prompts import SYSTEM
 from mgrpo_jax.model import token_logprobs
 from mgrpo_jax.tokenizer import PROTOCOL_TAGS
 from mgrpo_jax.tokenizer_hf import HFTokenizer, WithAddedTokens, load_checkpoint_tokenizer, write_tokenizer_files
-from mgrpo_jax.train import export
+from mgrpo_jax.train import export, system
 from mgrpo_jax.train.state import model_from_state
 from mgrpo_jax.train.trainer import Trainer
 from tests.model.tiny_hf import smoke_corpus, tiny_gemma, tiny_qwen3
@@ -86,10 +87,15 @@ def _hf_logprobs(model, tokens):
 
 def _hf_with_mean_rows(directory, added_ids):
     """The checkpoint in transformers, its appended tokens' rows set as `init_from` sets them (mean rows)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return _hf_with_mean_rows_model(
+        transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval(), added_ids)
+
+
+def _hf_with_mean_rows_model(model, added_ids):
     real = min(added_ids)
     with torch.no_grad():
-        for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        for table in {id(t): t for t in (model.get_input_embeddings().weight,
+                                          model.get_output_embeddings().weight)}.values():
             table[added_ids] = table[:real].mean(0)
     return model
 
@@ -145,3 +151,27 @@ def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
 def test_export_cli_names_a_missing_agent(tmp_path):
     with pytest.raises(FileNotFoundError, match="--agent='nope'"):
         export.export_checkpoint(str(tmp_path), "nope", str(tmp_path / "out"))
+
+
+def test_gemma_agent_grows_its_vocabulary_on_a_sharded_mesh(gemma_dir):
+    """Gemma's SentencePiece vocabulary has no padding rows: the 8 chat tags grow the (tied) embedding by 8 rows,
+    mean-initialised, sharded on the agent's mesh; its log-probs equal transformers' with the same rows."""
+    config = get_config("xbench", "smoke")
+    config.main.init_from = str(gemma_dir)
+    config.main.mesh.update({"data": 2, "fsdp": 2, "tensor": 2})
+    tokenizer = system.agent_tokenizer(config, "main", shared=None)
+    agent = system.build_agent("main", config.main, tokenizer, jax.devices()[:8], seed=0)
+    size = tokenizer.base.vocab_size
+    assert agent.model_config.vocab_size == size + len(PROTOCOL_TAGS) == tokenizer.vocab_size
+    assert agent.model_config.family == "gemma" and agent.model_config.tie_embeddings
+    embed = agent.state.params["embed"]
+    assert embed.shape[0] == size + len(PROTOCOL_TAGS) and len(embed.sharding.device_set) == 8
+    ids, _ = tokenizer.render_chat(TAGGED)
+    assert max(ids) >= size  # the tags' new rows are used
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma_dir, dtype=torch.float32).eval()
+    hf.resize_token_embeddings(tokenizer.vocab_size, mean_resizing=False)
+    reference = _hf_with_mean_rows_model(hf, list(range(size, tokenizer.vocab_size)))
+    tokens = jnp.asarray([ids], jnp.int32)
+    ours = np.asarray(token_logprobs(model_from_state(agent.graphdef, agent.state), tokens,
+                                     jnp.arange(len(ids))[None], jnp.ones(tokens.shape, bool)))[0, 1:]
+    assert np.abs(ours - _hf_logprobs(reference, ids)).max() < 1e-5
