@@ -35,6 +35,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 
 # The templates detect_chat_format renders, for transformers (roles as there: a tool turn of ChatML is a user turn).
 CHAT_TEMPLATES = {
+    "mgrpo": (  # the SentencePiece models trained here (mgrpo_jax.tokenizer): one token per turn marker and role
+        "{{ bos_token }}{% for message in messages %}"
+        "{{ '<|im_start|><|' + message['role'] + '|>' + message['content'] + '<|im_end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|><|assistant|>' }}{% endif %}"),
     "chatml": (
         "{% for message in messages %}{% set role = 'user' if message['role'] == 'tool' else message['role'] %}"
         "{{ '<|im_start|>' + role + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
@@ -193,12 +197,26 @@ def added_tokens(tok: ChatTokenizer) -> dict[str, int]:
     return dict(tok.added) if isinstance(tok, WithAddedTokens) else {}
 
 
-def write_tokenizer_files(tok: ChatTokenizer, source: str | os.PathLike, out: str | os.PathLike) -> None:
+def write_tokenizer_files(tok: ChatTokenizer, source: str | os.PathLike | None, out: str | os.PathLike) -> None:
     """The checkpoint's tokenizer files copied from ``source`` to ``out``, with the appended tokens added (to
     ``tokenizer.json`` and to ``tokenizer_config.json``'s ``added_tokens_decoder``) and the family's chat template
-    set, so ``transformers.AutoTokenizer.from_pretrained(out)`` encodes and renders chats as ``tok`` does."""
-    source, out = epath.Path(source), epath.Path(out)
+    set, so ``transformers.AutoTokenizer.from_pretrained(out)`` encodes and renders chats as ``tok`` does.
+    ``source=None``: ``tok`` is a SentencePiece model trained here, written as ``tokenizer.model`` for
+    ``transformers``' ``GemmaTokenizer`` (the same options: no dummy prefix, no normalisation, byte fallback)."""
+    out = epath.Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        if not isinstance(tok, Tokenizer):
+            raise ValueError("write_tokenizer_files: source=None needs a SentencePiece Tokenizer")
+        (out / "tokenizer.model").write_bytes(tok.serialize())
+        controls = {"bos_token": tok.bos_id, "eos_token": tok.eos_id, "pad_token": tok.pad_id, "unk_token": tok.unk_id}
+        config = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": False,
+                  **{k: tok.id_to_piece(i) for k, i in controls.items() if i >= 0}}
+        if tok.chat_format is not None and tok.chat_format.name in CHAT_TEMPLATES:
+            config["chat_template"] = CHAT_TEMPLATES[tok.chat_format.name]
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+        return
+    source = epath.Path(source)
     for name in TOKENIZER_FILES:
         if (source / name).exists() and name != "tokenizer_config.json":
             (out / name).write_bytes((source / name).read_bytes())

@@ -5,7 +5,8 @@
 * `record_agents(workdir, agents)` (when a run is built) writes `<workdir>/agents/<name>/`: the agent's
   `model_config.json` (our `ModelConfig`), its `agent.json` (its config, for the optimizer layout of the
   checkpoints) and its tokenizer files (an `init_from` agent: the checkpoint's own, with the tokens appended to it
-  and the family's chat template, `tokenizer_hf.write_tokenizer_files`; otherwise the run's SentencePiece model).
+  and the family's chat template; otherwise the run's SentencePiece model, for `transformers`' `GemmaTokenizer`, with
+  our chat template: `tokenizer_hf.write_tokenizer_files`).
 * `export_agents(trainer)` (when a run finishes) writes every agent's current weights as `<workdir>/export/<name>/`.
 * `export_checkpoint(workdir, agent, out)` restores one agent's latest (or a given) checkpoint on this host's first
   device and writes it to `out`. Paths may be local or gs:// URLs.
@@ -46,10 +47,8 @@ def record_agents(workdir: str, agents: dict) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "model_config.json").write_text(json.dumps(dataclasses.asdict(learner.model_config), indent=1))
         (out / "agent.json").write_text(learner.config.to_json_best_effort(indent=1))
-        if learner.config.get("init_from"):
-            write_tokenizer_files(learner.tokenizer, learner.config.init_from, out)
-        elif isinstance(learner.tokenizer, Tokenizer):
-            (out / "tokenizer.model").write_bytes(learner.tokenizer.serialize())
+        if learner.config.get("init_from") or isinstance(learner.tokenizer, Tokenizer):
+            write_tokenizer_files(learner.tokenizer, learner.config.get("init_from") or None, out)
     return agents
 
 

@@ -13,7 +13,7 @@ import transformers
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.prompts import SYSTEM
 from mgrpo_jax.model import token_logprobs
-from mgrpo_jax.tokenizer import PROTOCOL_TAGS
+from mgrpo_jax.tokenizer import PROTOCOL_TAGS, Tokenizer
 from mgrpo_jax.tokenizer_hf import HFTokenizer, WithAddedTokens, load_checkpoint_tokenizer, write_tokenizer_files
 from mgrpo_jax.train import export, system
 from mgrpo_jax.train.state import model_from_state
@@ -139,6 +139,10 @@ def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
     assert np.abs(ours_final - ours).max() > 1e-4  # it trained (warm start and RL moved it)
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert main.tokenizer.render_chat(TAGGED)[0] == _hf_ids(hf_tok, TAGGED, False)
+    sub_out = tmp_path / "run" / "export" / "sub"  # the sub-agent: its random-init Qwen3 and our tokenizer
+    assert transformers.AutoModelForCausalLM.from_pretrained(sub_out).config.model_type == "qwen3"
+    assert sub.tokenizer.render_chat(TAGGED)[0] == _hf_ids(transformers.AutoTokenizer.from_pretrained(sub_out),
+                                                           TAGGED, False)
     # The command-line export of the latest checkpoint writes the same weights.
     cli = export.export_checkpoint(str(tmp_path / "run"), "main", str(tmp_path / "cli"))
     again = transformers.AutoModelForCausalLM.from_pretrained(cli, dtype=torch.float32).eval()
@@ -175,3 +179,12 @@ def test_gemma_agent_grows_its_vocabulary_on_a_sharded_mesh(gemma_dir):
     ours = np.asarray(token_logprobs(model_from_state(agent.graphdef, agent.state), tokens,
                                      jnp.arange(len(ids))[None], jnp.ones(tokens.shape, bool)))[0, 1:]
     assert np.abs(ours - _hf_logprobs(reference, ids)).max() < 1e-5
+
+
+def test_our_sentencepiece_tokenizer_exports_for_transformers(corpus, tmp_path):
+    """An agent without `init_from` exports the run's SentencePiece model with our chat template."""
+    ours = Tokenizer.train(corpus, 600)
+    write_tokenizer_files(ours, None, tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for prompt in (False, True):
+        assert ours.render_chat(TAGGED, add_generation_prompt=prompt)[0] == _hf_ids(hf, TAGGED, prompt)
