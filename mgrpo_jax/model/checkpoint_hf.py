@@ -120,12 +120,15 @@ def _read_block(lazy, hf_shape: tuple[int, ...], to_ours: Callable[[np.ndarray],
     zero-stride coordinate grids tells which HF element lands where without touching the data; the
     bounding box of the block's coordinates is read through the lazy slice and gathered into place.
     """
-    coords = []
-    for axis, n in enumerate(hf_shape):
-        grid = np.arange(n, dtype=np.int32).reshape([-1 if a == axis else 1 for a in range(len(hf_shape))])
-        coords.append(to_ours(np.broadcast_to(grid, hf_shape))[index])
+    grids = [np.arange(n).reshape([-1 if a == axis else 1 for a in range(len(hf_shape))])
+             for axis, n in enumerate(hf_shape)]
+    probe = np.broadcast_to(grids[0], hf_shape)
+    if to_ours(probe) is probe:  # the same layout (embedding, norms): the block is a slice of the file
+        return np.asarray(lazy[index])
+    coords = [to_ours(np.broadcast_to(grid, hf_shape))[index] for grid in grids]  # views: no memory
     box = tuple(slice(int(c.min()), int(c.max()) + 1) for c in coords)
-    return np.asarray(lazy[box])[tuple(c - b.start for c, b in zip(coords, box, strict=True))]
+    within = [to_ours(np.broadcast_to(grid - b.start, hf_shape))[index] for grid, b in zip(grids, box, strict=True)]
+    return np.asarray(lazy[box])[tuple(within)]
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:

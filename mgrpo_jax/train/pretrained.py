@@ -1,7 +1,7 @@
 """An agent that starts from a Hugging Face checkpoint: `agent.init_from=DIR` (a local directory or a gs:// URL
 holding `config.json`, safetensors, sharded or not, and the tokenizer files).
 
-    tokenizer = checkpoint_tokenizer(config, "main")                      # the checkpoint's own (tokenizer_hf)
+    tokenizer = system.agent_tokenizer(config, "main", shared)     # the checkpoint's own (tokenizer_hf)
     model_config, params = load_pretrained(config.main, tokenizer, mesh, rules)
 
 The architecture is the checkpoint's (`config.json`); of `agent.model_overrides` only the fields that leave the
@@ -33,8 +33,8 @@ from mgrpo_jax.model import DEFAULT_RULES, logical_to_spec
 from mgrpo_jax.model.checkpoint_hf import config_from_hf, load_hf_params, model_from_params
 from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.transformer import PARAM_AXES, param_shapes
-from mgrpo_jax.tokenizer import PROTOCOL_TAGS, ChatTokenizer
-from mgrpo_jax.tokenizer_hf import added_tokens, load_checkpoint_tokenizer
+from mgrpo_jax.tokenizer import ChatTokenizer
+from mgrpo_jax.tokenizer_hf import added_tokens
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,8 @@ log = logging.getLogger(__name__)
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "remat_policy", "attn_chunk", "causal_block")
 
 
-def checkpoint_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
-    """Agent `name`'s tokenizer: its checkpoint's own when it has `init_from`, else the run's `shared` one."""
-    path = config[name].get("init_from", "")
-    if not path:
-        return shared
-    return load_checkpoint_tokenizer(path, PROTOCOL_TAGS if config.env.grammar == "chat" else ())
-
-
-def checkpoint_model_config(agent_cfg, vocab_size: int = 0) -> ModelConfig:
-    """The model config of `agent_cfg.init_from`'s `config.json`, with the runtime overrides and at least
-    `vocab_size` rows."""
+def checkpoint_model_config(agent_cfg) -> ModelConfig:
+    """The model config of `agent_cfg.init_from`'s `config.json`, with the runtime overrides."""
     path = epath.Path(agent_cfg.init_from)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"init_from={agent_cfg.init_from!r}: no config.json there")
@@ -60,9 +51,8 @@ def checkpoint_model_config(agent_cfg, vocab_size: int = 0) -> ModelConfig:
     ignored = sorted(set(overrides) - set(RUNTIME_FIELDS))
     if ignored:
         log.info("init_from=%s: the checkpoint's architecture is used; ignoring model_overrides %s", path, ignored)
-    cfg = config_from_hf(json.loads((path / "config.json").read_text()),
-                         **{k: v for k, v in overrides.items() if k in RUNTIME_FIELDS})
-    return dataclasses.replace(cfg, vocab_size=max(cfg.vocab_size, vocab_size))
+    return config_from_hf(json.loads((path / "config.json").read_text()),
+                          **{k: v for k, v in overrides.items() if k in RUNTIME_FIELDS})
 
 
 def load_pretrained(agent_cfg, tokenizer: ChatTokenizer, mesh=None,

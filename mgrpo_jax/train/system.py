@@ -30,7 +30,8 @@ from mgrpo_jax.env.world import WorldConfig
 from mgrpo_jax.model import get_model_config, get_rules, make_mesh
 from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.sampling import Sampler
-from mgrpo_jax.tokenizer import ChatTokenizer, Tokenizer
+from mgrpo_jax.tokenizer import PROTOCOL_TAGS, ChatTokenizer, Tokenizer
+from mgrpo_jax.tokenizer_hf import load_checkpoint_tokenizer
 from mgrpo_jax.train import pretrained
 from mgrpo_jax.train.learner import Learner
 from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_params, model_from_state
@@ -204,8 +205,12 @@ def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list
 
 def agent_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
     """Agent `name`'s tokenizer: the one of its `init_from` checkpoint, else the run's `shared` one. Text that
-    crosses between agents (a delegated task, a sub-agent's answer) is tokenized by the agent that reads it."""
-    return pretrained.checkpoint_tokenizer(config, name, shared)
+    crosses between agents (a delegated task, a sub-agent's answer) is tokenized by the agent that reads it. The
+    `chat` grammar's tags are made single tokens of a checkpoint's vocabulary (`tokenizer_hf`)."""
+    path = config[name].get("init_from", "")
+    if not path:
+        return shared
+    return load_checkpoint_tokenizer(path, PROTOCOL_TAGS if config.env.grammar == "chat" else ())
 
 
 def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:

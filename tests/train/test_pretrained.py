@@ -188,3 +188,26 @@ def test_our_sentencepiece_tokenizer_exports_for_transformers(corpus, tmp_path):
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for prompt in (False, True):
         assert ours.render_chat(TAGGED, add_generation_prompt=prompt)[0] == _hf_ids(hf, TAGGED, prompt)
+
+
+def test_init_from_a_gs_url_loads_what_the_local_directory_gives(qwen3_dir):
+    """The checkpoint and its tokenizer read from a bucket (the local GCS emulator) equal the local ones."""
+    from tests.store import conftest as store_conftest  # sets the emulator's endpoint before gcsfs is imported
+
+    with store_conftest.running_emulator():
+        import gcsfs
+
+        url = f"gs://{store_conftest.BUCKET}/checkpoints/{qwen3_dir.name}"
+        fs = gcsfs.GCSFileSystem(token="anon")
+        for path in qwen3_dir.iterdir():
+            fs.put(str(path), f"{url}/{path.name}")
+        agents = {}
+        for where in (str(qwen3_dir), url):
+            config = get_config("xbench", "smoke")
+            config.main.init_from = where
+            tokenizer = system.agent_tokenizer(config, "main", shared=None)
+            agents[where] = system.build_agent("main", config.main, tokenizer, jax.devices()[:1], seed=0)
+    local, remote = agents[str(qwen3_dir)], agents[url]
+    assert remote.tokenizer.render_chat(TAGGED) == local.tokenizer.render_chat(TAGGED)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 remote.state.params, local.state.params)
