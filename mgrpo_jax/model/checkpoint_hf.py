@@ -113,22 +113,36 @@ class SafetensorsCheckpoint:
 
 
 def _read_block(lazy, hf_shape: tuple[int, ...], to_ours: Callable[[np.ndarray], np.ndarray],
-                index: tuple) -> np.ndarray:
-    """Block ``index`` (in our layout) of one HF tensor, reading only its bounding box from the file.
+                index: tuple, dtype) -> np.ndarray:
+    """Block ``index`` (in our layout, as ``dtype``) of one HF tensor, reading only its bounding box from the file.
 
     ``to_ours`` maps an HF-layout array to ours by views (transposes, axis splits). Applying it to
-    zero-stride coordinate grids tells which HF element lands where without touching the data; the
-    bounding box of the block's coordinates is read through the lazy slice and gathered into place.
+    zero-stride coordinate grids tells which HF elements the block holds without touching the data; only
+    their bounding box is read through the lazy slice.
     """
     grids = [np.arange(n).reshape([-1 if a == axis else 1 for a in range(len(hf_shape))])
              for axis, n in enumerate(hf_shape)]
     probe = np.broadcast_to(grids[0], hf_shape)
     if to_ours(probe) is probe:  # the same layout (embedding, norms): the block is a slice of the file
-        return np.asarray(lazy[index])
+        return np.asarray(lazy[index], dtype=dtype)
     coords = [to_ours(np.broadcast_to(grid, hf_shape))[index] for grid in grids]  # views: no memory
-    box = tuple(slice(int(c.min()), int(c.max()) + 1) for c in coords)
-    within = [to_ours(np.broadcast_to(grid - b.start, hf_shape))[index] for grid, b in zip(grids, box, strict=True)]
-    return np.asarray(lazy[box])[tuple(within)]
+    box = tuple(slice(*_bounds(c)) for c in coords)
+    data = np.asarray(lazy[box])
+    if data.shape != hf_shape:
+        # Placed in an array of the whole tensor's shape, so that `to_ours` applies: `np.empty` only reserves
+        # address space, and memory backs just the pages the box is written to.
+        whole = np.empty(hf_shape, data.dtype)
+        whole[box] = data
+        data = whole
+    return np.array(to_ours(data)[index], dtype=dtype, order="C")
+
+
+def _bounds(coords: np.ndarray) -> tuple[int, int]:
+    """(min, max + 1) of a coordinate view: its first and last element when no stride runs backwards (transposes
+    and splits of an increasing grid), else a full reduction."""
+    if all(stride >= 0 for stride in coords.strides):
+        return int(coords[(0,) * coords.ndim]), int(coords[(-1,) * coords.ndim]) + 1
+    return int(coords.min()), int(coords.max()) + 1
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
@@ -314,9 +328,8 @@ def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None 
 
             def cb(index, lazy=lazy, hf_shape=hf_shape, to_ours=to_ours, layers=layers):
                 if layers is None:
-                    return _read_block(lazy[0], hf_shape, to_ours, index).astype(pd)
-                return np.stack([_read_block(lazy[i], hf_shape, to_ours, index[1:]).astype(pd)
-                                 for i in layers[index[0]]])
+                    return _read_block(lazy[0], hf_shape, to_ours, index, pd)
+                return np.stack([_read_block(lazy[i], hf_shape, to_ours, index[1:], pd) for i in layers[index[0]]])
 
             if mesh is None:
                 sharding = SingleDeviceSharding(jax.devices()[0])
