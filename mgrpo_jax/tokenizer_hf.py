@@ -69,7 +69,7 @@ class HFTokenizer(ChatTokenizer):
         self.tok = tokenizer
         config = config or {}
         self._size = tokenizer.get_vocab_size(with_added_tokens=True)
-        ids = {k: self.piece_id(_token_text(config.get(f"{k}_token")) or "") for k in ("bos", "eos", "pad", "unk")}
+        ids = {k: self.piece_id(_token_text(config.get(f"{k}_token")) or "") for k in ("bos", "eos", "pad")}
         self._bos = -1 if ids["bos"] is None else ids["bos"]
         self._eos = -1 if ids["eos"] is None else ids["eos"]
         self._pad = ids["pad"] if ids["pad"] is not None else max(self._eos, 0)

@@ -2,6 +2,7 @@
 tiny checkpoints built here (tests/model/tiny_hf.py: Qwen3 with a BPE tokenizer.json, Gemma with SentencePiece)."""
 
 import json
+import unicodedata
 
 import jax
 import jax.numpy as jnp
@@ -9,16 +10,19 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.prompts import SYSTEM
+from mgrpo_jax.env.protocol import valid_unicode
 from mgrpo_jax.model import token_logprobs
 from mgrpo_jax.tokenizer import PROTOCOL_TAGS, Tokenizer
 from mgrpo_jax.tokenizer_hf import HFTokenizer, WithAddedTokens, load_checkpoint_tokenizer, write_tokenizer_files
 from mgrpo_jax.train import export, system
 from mgrpo_jax.train.state import model_from_state
 from mgrpo_jax.train.trainer import Trainer
-from tests.model.tiny_hf import smoke_corpus, tiny_gemma, tiny_qwen3
+from tests.model.tiny_hf import smoke_corpus, tiny_gemma, tiny_llama3, tiny_qwen3
 
 TAGGED = [("system", "You are the main agent. Use tools."), ("user", "Question: Who founded Varn Corp in 1987?"),
           ("assistant", '<think>look</think><tool_call>{"name": "search", "arguments": {"query": "Varn  Corp"}}'
@@ -40,6 +44,11 @@ def qwen3_dir(tmp_path_factory, corpus):
 
 
 @pytest.fixture(scope="module")
+def llama3_dir(tmp_path_factory, corpus):
+    return tiny_llama3(tmp_path_factory.mktemp("llama3"), corpus)
+
+
+@pytest.fixture(scope="module")
 def gemma_dir(tmp_path_factory, corpus):
     return tiny_gemma(tmp_path_factory.mktemp("gemma"), corpus)
 
@@ -50,7 +59,7 @@ def _hf_ids(tok, messages, generation_prompt):
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma", "llama3"])
 def test_rendered_chat_ids_equal_transformers_apply_chat_template(family, request, tmp_path):
     directory = request.getfixturevalue(f"{family}_dir")
     ours = load_checkpoint_tokenizer(directory, PROTOCOL_TAGS)
@@ -64,7 +73,7 @@ def test_rendered_chat_ids_equal_transformers_apply_chat_template(family, reques
         assert ours.token_id("<tool_call>") == hf.convert_tokens_to_ids("<tool_call>") < len(hf)
         assert list(ours.added) == ["<answer>", "</answer>"]
     else:
-        assert ours.chat_format.name == "gemma" and len(ours.added) == len(PROTOCOL_TAGS)
+        assert ours.chat_format.name == family and len(ours.added) == len(PROTOCOL_TAGS)
     base = ours.base.vocab_size  # appended right after the checkpoint tokenizer's own vocabulary
     assert sorted(ours.added.values()) == list(range(base, base + len(ours.added)))
     # The exported tokenizer files render the tagged conversation (and every tag as one token) as we do.
@@ -211,3 +220,16 @@ def test_init_from_a_gs_url_loads_what_the_local_directory_gives(qwen3_dir):
     assert remote.tokenizer.render_chat(TAGGED) == local.tokenizer.render_chat(TAGGED)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                  remote.state.params, local.state.params)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.one_of(st.sampled_from(PROTOCOL_TAGS + ("<|im_end|>",)), st.text(max_size=12)), max_size=8))
+def test_qwen3_tokenizer_round_trips_text_with_tags(qwen3_dir, parts):
+    """decode(encode(s)) == s for NFC text (Qwen's normaliser), every chat tag one id, ids outside the vocabulary
+    decode as U+FFFD."""
+    tok = load_checkpoint_tokenizer(qwen3_dir, PROTOCOL_TAGS)
+    text = unicodedata.normalize("NFC", valid_unicode("".join(parts)))
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert sum(i in tok.added.values() for i in ids) == sum(text.count(t) for t in tok.added)
+    assert tok.decode([tok.vocab_size + 5]) == "\ufffd"
