@@ -7,8 +7,12 @@ Two ways to get one:
   ``<think>``, ``<tool_call>``, ...) are ``user_defined_symbols``: each is always exactly one id, also when it
   appears inside ordinary text, so a sampled ``<answer>`` is one token the parser and the sampler can see.
 * ``Tokenizer.load(path)`` loads any SentencePiece ``.model`` (ours, or e.g. Gemma's). A foreign model that
-  lacks our turn markers gets a Gemma-style template (``<start_of_turn>role\\n ... <end_of_turn>\\n``) when it
-  has those pieces; otherwise chat rendering is unavailable and raises.
+  lacks our turn markers gets its family's template (``detect_chat_format``: Gemma's
+  ``<start_of_turn>role\\n ... <end_of_turn>\\n``, ChatML or Llama 3 headers) when it has those pieces; otherwise
+  chat rendering is unavailable and raises.
+
+``ChatTokenizer`` is the interface the rest of the code uses; ``mgrpo_jax.tokenizer_hf`` implements it for a
+Hugging Face checkpoint's ``tokenizer.json`` (Qwen, Llama 3) and adds tokens a checkpoint lacks.
 
 Chat template (our own models)::
 
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 # The environment package owns the protocol grammar. The literal fallback (same strings, same order, so
 # the special-token ids do not depend on which one is used) keeps this module importable on its own.
@@ -97,7 +102,144 @@ class ChatFormat:
     separator_ids: tuple[int, ...]
 
 
-class Tokenizer:
+def detect_chat_format(tok: ChatTokenizer) -> ChatFormat | None:
+    """The chat template a vocabulary supports, found from its special pieces: ours (role tokens), Qwen's ChatML
+    (``<|im_start|>role\\n ... <|im_end|>\\n``; a tool turn is a ``user`` turn, as in Qwen's own template), Gemma's
+    (``<start_of_turn>role\\n ... <end_of_turn>\\n``; the assistant is ``model``) or Llama 3's
+    (``<|start_header_id|>role<|end_header_id|>\\n\\n ... <|eot_id|>``; a tool turn is ``ipython``)."""
+    start, end = tok.piece_id(TURN_START), tok.piece_id(TURN_END)
+    roles = {r: tok.piece_id(t) for r, t in ROLE_TOKENS.items()}
+    if start is not None and end is not None and all(v is not None for v in roles.values()):
+        return ChatFormat(
+            name="mgrpo",
+            end_of_turn_id=end,
+            prefix_ids={r: (start, roles[r]) for r in ROLES},
+            separator_ids=(),
+        )
+    if start is not None and end is not None:  # ChatML (Qwen2, Qwen3)
+        names = {"system": "system", "user": "user", "assistant": "assistant", "tool": "user"}
+        return ChatFormat(name="chatml", end_of_turn_id=end,
+                          prefix_ids={r: (start, *tok.encode(names[r] + "\n")) for r in ROLES},
+                          separator_ids=tuple(tok.encode("\n")))
+    g_start, g_end = tok.piece_id("<start_of_turn>"), tok.piece_id("<end_of_turn>")
+    if g_start is not None and g_end is not None:  # Gemma's template; its roles are user/model.
+        names = {"system": "system", "user": "user", "assistant": "model", "tool": "tool"}
+        return ChatFormat(
+            name="gemma",
+            end_of_turn_id=g_end,
+            prefix_ids={r: (g_start, *tok.encode(names[r] + "\n")) for r in ROLES},
+            separator_ids=tuple(tok.encode("\n")),
+        )
+    h_start, h_end, eot = (tok.piece_id(p) for p in ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"))
+    if h_start is not None and h_end is not None and eot is not None:  # Llama 3
+        names = {"system": "system", "user": "user", "assistant": "assistant", "tool": "ipython"}
+        return ChatFormat(name="llama3", end_of_turn_id=eot,
+                          prefix_ids={r: (h_start, *tok.encode(names[r]), h_end, *tok.encode("\n\n"))
+                                      for r in ROLES},
+                          separator_ids=())
+    return None
+
+
+class ChatTokenizer:
+    """What the rollout engine, the warm start and the batches need of a tokenizer, whatever its implementation
+    (SentencePiece: ``Tokenizer``; Hugging Face ``tokenizers``: ``mgrpo_jax.tokenizer_hf``). A subclass provides
+    ``encode``, ``decode``, ``piece_id``, ``vocab_size``, ``bos_id`` / ``eos_id`` / ``pad_id`` and sets
+    ``chat_format`` (``detect_chat_format(self)``); the chat template is rendered here, the same way for all."""
+
+    chat_format: ChatFormat | None = None
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        raise NotImplementedError
+
+    def piece_id(self, piece: str) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def end_of_turn_id(self) -> int:
+        return self._require_chat().end_of_turn_id
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end an assistant turn when sampling: end-of-turn and end-of-sequence."""
+        ids = [self.end_of_turn_id]
+        if self.eos_id >= 0 and self.eos_id not in ids:
+            ids.append(self.eos_id)
+        return tuple(ids)
+
+    def token_id(self, special: str) -> int:
+        """Id of a special token (e.g. ``'<answer>'``); raises if it is not a single piece here."""
+        pid = self.piece_id(special)
+        if pid is None:
+            raise KeyError(f"{special!r} is not a single token of this vocabulary")
+        return pid
+
+    @property
+    def has_protocol_tokens(self) -> bool:
+        return all(self.piece_id(s) is not None for s in SPECIAL_TOKENS)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    # ------------------------------------------------------------------ chat template
+    def _require_chat(self) -> ChatFormat:
+        if self.chat_format is None:
+            raise ValueError("this vocabulary has no turn markers (ours, ChatML, Gemma or Llama 3)")
+        return self.chat_format
+
+    def render_turn_prefix(self, role: str) -> list[int]:
+        """Ids of a turn's header (start marker + role); the model generates what follows."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        return list(self._require_chat().prefix_ids[role])
+
+    @property
+    def turn_separator_ids(self) -> list[int]:
+        """Ids that follow an end-of-turn token before the next turn (empty for our own template)."""
+        return list(self._require_chat().separator_ids)
+
+    def render_message(self, role: str, text: str) -> list[int]:
+        """One complete message: prefix + content + end-of-turn + separator."""
+        fmt = self._require_chat()
+        return [*self.render_turn_prefix(role), *self.encode(text), fmt.end_of_turn_id, *fmt.separator_ids]
+
+    def render_message_with_mask(self, role: str, text: str) -> tuple[list[int], list[bool]]:
+        """``render_message`` plus the loss mask: True on an assistant's content and end-of-turn token."""
+        fmt = self._require_chat()
+        prefix, content = self.render_turn_prefix(role), self.encode(text)
+        ids = [*prefix, *content, fmt.end_of_turn_id, *fmt.separator_ids]
+        trained = role == "assistant"
+        mask = [False] * len(prefix) + [trained] * (len(content) + 1) + [False] * len(fmt.separator_ids)
+        return ids, mask
+
+    def render_chat(
+        self, messages: Sequence[Message], *, add_bos: bool = True, add_generation_prompt: bool = False
+    ) -> tuple[list[int], list[bool]]:
+        """Render ``[(role, text), ...]`` to ``(ids, assistant_mask)``.
+
+        The mask is True exactly on tokens an assistant generated (its content and its end-of-turn token).
+        With ``add_generation_prompt`` the assistant's turn prefix is appended, ready for sampling.
+        """
+        ids: list[int] = []
+        mask: list[bool] = []
+        if add_bos and self.bos_id >= 0:
+            ids.append(self.bos_id)
+            mask.append(False)
+        for role, text in messages:
+            m_ids, m_mask = self.render_message_with_mask(role, text)
+            ids.extend(m_ids)
+            mask.extend(m_mask)
+        if add_generation_prompt:
+            prefix = self.render_turn_prefix("assistant")
+            ids.extend(prefix)
+            mask.extend([False] * len(prefix))
+        return ids, mask
+
+
+
+class Tokenizer(ChatTokenizer):
     """A SentencePiece processor plus the protocol's special tokens and chat template."""
 
     def __init__(self, processor: spm.SentencePieceProcessor, model_proto: bytes | None = None):
@@ -105,14 +247,12 @@ class Tokenizer:
         self._proto = model_proto if model_proto is not None else processor.serialized_model_proto()
         self._unk = processor.unk_id()
         self._meta_byte_ids = self._byte_ids(_META.encode("utf-8"))
-        self.chat_format = self._detect_chat_format()
+        self.chat_format = detect_chat_format(self)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
-        """Load any SentencePiece ``.model`` file (a local path or ``gs://``)."""
-        from etils import epath
-
+        """Load any SentencePiece ``.model`` file (a local path or a gs:// URL)."""
         return cls.from_bytes(epath.Path(path).read_bytes())
 
     @classmethod
@@ -125,8 +265,6 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the model proto to ``path`` (local or ``gs://``)."""
-        from etils import epath
-
         epath.Path(path).write_bytes(self._proto)
 
     @classmethod
@@ -214,35 +352,12 @@ class Tokenizer:
     def unk_id(self) -> int:
         return self._unk
 
-    @property
-    def end_of_turn_id(self) -> int:
-        return self._require_chat().end_of_turn_id
-
-    @property
-    def stop_ids(self) -> tuple[int, ...]:
-        """Ids that end an assistant turn when sampling: end-of-turn and end-of-sequence."""
-        ids = [self.end_of_turn_id]
-        if self.eos_id >= 0 and self.eos_id not in ids:
-            ids.append(self.eos_id)
-        return tuple(ids)
-
     def piece_id(self, piece: str) -> int | None:
         """Id of a piece that is a single token in this vocabulary, else None."""
         pid = self.sp.piece_to_id(piece)
         if pid == self._unk and piece != self.sp.id_to_piece(self._unk):
             return None
         return pid
-
-    def token_id(self, special: str) -> int:
-        """Id of a special token (e.g. ``'<answer>'``); raises if it is not a single piece here."""
-        pid = self.piece_id(special)
-        if pid is None:
-            raise KeyError(f"{special!r} is not a single token of this vocabulary")
-        return pid
-
-    @property
-    def has_protocol_tokens(self) -> bool:
-        return all(self.piece_id(s) is not None for s in SPECIAL_TOKENS)
 
     def id_to_piece(self, i: int) -> str:
         return self.sp.id_to_piece(int(i))
@@ -271,81 +386,3 @@ class Tokenizer:
         SentencePiece would raise on) as the unknown piece."""
         size = self.vocab_size
         return self.sp.decode([i if 0 <= i < size else self._unk for i in map(int, np.asarray(ids).reshape(-1))])
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    # ------------------------------------------------------------------ chat template
-    def _detect_chat_format(self) -> ChatFormat | None:
-        start, end = self.piece_id(TURN_START), self.piece_id(TURN_END)
-        roles = {r: self.piece_id(t) for r, t in ROLE_TOKENS.items()}
-        if start is not None and end is not None and all(v is not None for v in roles.values()):
-            return ChatFormat(
-                name="mgrpo",
-                end_of_turn_id=end,
-                prefix_ids={r: (start, roles[r]) for r in ROLES},
-                separator_ids=(),
-            )
-        g_start, g_end = self.piece_id("<start_of_turn>"), self.piece_id("<end_of_turn>")
-        if g_start is not None and g_end is not None:  # Gemma's template; its roles are user/model.
-            names = {"system": "system", "user": "user", "assistant": "model", "tool": "tool"}
-            return ChatFormat(
-                name="gemma",
-                end_of_turn_id=g_end,
-                prefix_ids={r: (g_start, *self.encode(names[r] + "\n")) for r in ROLES},
-                separator_ids=tuple(self.encode("\n")),
-            )
-        return None
-
-    def _require_chat(self) -> ChatFormat:
-        if self.chat_format is None:
-            raise ValueError("this vocabulary has no turn markers; train one with Tokenizer.train")
-        return self.chat_format
-
-    def render_turn_prefix(self, role: str) -> list[int]:
-        """Ids of a turn's header (start marker + role); the model generates what follows."""
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
-        return list(self._require_chat().prefix_ids[role])
-
-    @property
-    def turn_separator_ids(self) -> list[int]:
-        """Ids that follow an end-of-turn token before the next turn (empty for our own template)."""
-        return list(self._require_chat().separator_ids)
-
-    def render_message(self, role: str, text: str) -> list[int]:
-        """One complete message: prefix + content + end-of-turn + separator."""
-        fmt = self._require_chat()
-        return [*self.render_turn_prefix(role), *self.encode(text), fmt.end_of_turn_id, *fmt.separator_ids]
-
-    def render_message_with_mask(self, role: str, text: str) -> tuple[list[int], list[bool]]:
-        """``render_message`` plus the loss mask: True on an assistant's content and end-of-turn token."""
-        fmt = self._require_chat()
-        prefix, content = self.render_turn_prefix(role), self.encode(text)
-        ids = [*prefix, *content, fmt.end_of_turn_id, *fmt.separator_ids]
-        trained = role == "assistant"
-        mask = [False] * len(prefix) + [trained] * (len(content) + 1) + [False] * len(fmt.separator_ids)
-        return ids, mask
-
-    def render_chat(
-        self, messages: Sequence[Message], *, add_bos: bool = True, add_generation_prompt: bool = False
-    ) -> tuple[list[int], list[bool]]:
-        """Render ``[(role, text), ...]`` to ``(ids, assistant_mask)``.
-
-        The mask is True exactly on tokens an assistant generated (its content and its end-of-turn token).
-        With ``add_generation_prompt`` the assistant's turn prefix is appended, ready for sampling.
-        """
-        ids: list[int] = []
-        mask: list[bool] = []
-        if add_bos and self.bos_id >= 0:
-            ids.append(self.bos_id)
-            mask.append(False)
-        for role, text in messages:
-            m_ids, m_mask = self.render_message_with_mask(role, text)
-            ids.extend(m_ids)
-            mask.extend(m_mask)
-        if add_generation_prompt:
-            prefix = self.render_turn_prefix("assistant")
-            ids.extend(prefix)
-            mask.extend([False] * len(prefix))
-        return ids, mask

@@ -2,11 +2,11 @@
 
 - ``config_from_hf(d)`` / ``config_to_hf(cfg)``: ``config.json`` <-> ``ModelConfig``.
 - ``load_hf(path, mesh=None, rules=..., **overrides) -> Transformer``: reads ``config.json`` and
-  ``model.safetensors`` (or the sharded ``model.safetensors.index.json``) from a directory. Tensors are
-  memory-mapped and each device's shard is read straight from the file into its placement
+  ``model.safetensors`` (or the sharded ``model.safetensors.index.json``) from a directory. Each
+  device's shard is read through the library's lazy slices straight into its placement
   (``jax.make_array_from_callback``), so no full host copy of the model is ever made.
 - ``save_hf(model, path, dtype=None)``: writes ``config.json`` + safetensors that
-  ``transformers.AutoModelForCausalLM.from_pretrained`` loads, one tensor at a time.
+  ``transformers.AutoModelForCausalLM.from_pretrained`` loads, one file (shard) at a time.
 
 Layout. HF linear weights are ``[out, in]``; ours are ``[in, ...]`` with heads split out:
 ``q_proj [H*Dh, D] -> q [D, H, Dh]``, ``o_proj [D, H*Dh] -> o [H, Dh, D]``, ``gate/up [F, D] -> [D, F]``,
@@ -15,22 +15,29 @@ RoPE: our rotary embedding uses the same "rotate_half" pairing as HF (dims ``i``
 q/k weights are taken as they are, with no permutation. Gemma's RMSNorm weights are stored as ``w`` in
 ``x * (1 + w)`` by both, so they copy unchanged.
 
-The safetensors container is read and written here directly (8-byte header length, JSON header,
-raw little-endian data), which gives zero-copy ``np.memmap`` views and bfloat16 through ``ml_dtypes``.
+Files are read and written through the ``safetensors`` library (``safe_open(..., framework="numpy")``;
+bfloat16 as ``ml_dtypes.bfloat16``); paths may be local or gs:// URLs (``etils.epath``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import pathlib
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable
 
 import jax
-import ml_dtypes
+import ml_dtypes  # (also registers bfloat16 with numpy, which safetensors' numpy reader needs)
 import numpy as np
+import safetensors
+import safetensors.numpy
+from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from mgrpo_jax.model.config import ModelConfig
@@ -38,48 +45,59 @@ from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, logical_to
 from mgrpo_jax.model.transformer import LAYER_PARAMS, PARAM_AXES, Transformer, param_shapes
 
 # ---------------------------------------------------------------------------------------------------
-# safetensors container
-
-_ST_DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+# safetensors files (through the `safetensors` library; local paths or gs:// URLs)
 
 
-def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
-    """(header dict, byte offset of the data section) of one .safetensors file."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    return header, 8 + n
+def _local_copy(file: epath.Path, cache: pathlib.Path) -> pathlib.Path:
+    """A local path for ``file``: itself when local, else a copy in ``cache`` (``safe_open`` maps local files)."""
+    if not str(file).startswith(("gs://", "s3://")):
+        return pathlib.Path(file)
+    local = cache / file.name
+    if not local.exists():
+        file.copy(local)
+    return local
 
 
-class SafetensorsReader:
-    """Lazy, memory-mapped access to the tensors of one checkpoint directory (single or sharded)."""
+def safetensors_files(path: str | os.PathLike) -> list[epath.Path]:
+    """The .safetensors files of one checkpoint: a file, or a directory (single file or sharded index)."""
+    path = epath.Path(path)
+    if path.is_file():
+        return [path]
+    if (path / "model.safetensors.index.json").exists():
+        index = json.loads((path / "model.safetensors.index.json").read_text())
+        return [path / f for f in sorted(set(index["weight_map"].values()))]
+    if (path / "model.safetensors").exists():
+        return [path / "model.safetensors"]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors checkpoint in {path}")
+    return files
+
+
+class SafetensorsCheckpoint:
+    """Lazy tensors of one checkpoint (single or sharded), opened with ``safetensors.safe_open``.
+
+    ``slice(name)`` is the library's lazy slice: indexing it reads only that region of the file, which is
+    how each device's shard is read straight into its placement. bfloat16 arrives as ``ml_dtypes.bfloat16``.
+    Use as a context manager; gs:// files are copied to a temporary folder one shard at a time, first use.
+    """
 
     def __init__(self, path: str | os.PathLike):
-        path = pathlib.Path(path)
-        if path.is_file():
-            files = [path]
-        elif (path / "model.safetensors.index.json").exists():
-            index = json.loads((path / "model.safetensors.index.json").read_text())
-            files = [path / f for f in sorted(set(index["weight_map"].values()))]
-        elif (path / "model.safetensors").exists():
-            files = [path / "model.safetensors"]
-        else:
-            files = sorted(path.glob("*.safetensors"))
-            if not files:
-                raise FileNotFoundError(f"no safetensors checkpoint in {path}")
-        self._where: dict[str, tuple[pathlib.Path, int, dict]] = {}
-        for f in files:
-            header, data_start = read_safetensors_header(f)
-            header.pop("__metadata__", None)
-            for name, info in header.items():
-                self._where[name] = (f, data_start, info)
-        self._maps: dict[pathlib.Path, np.memmap] = {}
+        self._files = safetensors_files(path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="hf_ckpt_")
+        self._stack = contextlib.ExitStack()
+        self._where: dict[str, object] = {}
+        for f in self._files:
+            handle = self._stack.enter_context(
+                safetensors.safe_open(_local_copy(f, pathlib.Path(self._tmp.name)), framework="numpy"))
+            self._where.update({k: handle for k in handle.keys()})
+
+    def __enter__(self) -> SafetensorsCheckpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+        self._tmp.cleanup()
 
     def keys(self) -> list[str]:
         return sorted(self._where)
@@ -87,38 +105,49 @@ class SafetensorsReader:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def slice(self, name: str):
+        return self._where[name].get_slice(name)
+
     def get(self, name: str) -> np.ndarray:
-        """A read-only zero-copy view of one tensor."""
-        f, data_start, info = self._where[name]
-        if f not in self._maps:
-            self._maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
-        dtype = _ST_DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        raw = self._maps[f][data_start + begin:data_start + end]
-        return raw.view(dtype).reshape(info["shape"])
+        return self._where[name].get_tensor(name)
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Iterable[tuple[str, tuple, np.dtype]],
-                      get: Callable[[str], np.ndarray], metadata: dict | None = None) -> None:
-    """Write a .safetensors file tensor by tensor: ``tensors`` lists (name, shape, dtype); ``get(name)``
-    returns the array when its turn comes (so at most one tensor is in host memory)."""
-    tensors = list(tensors)
-    header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
-    off = 0
-    for name, shape, dtype in tensors:
-        n = math.prod(shape) * np.dtype(dtype).itemsize
-        header[name] = {"dtype": _ST_NAMES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for name, shape, dtype in tensors:
-            arr = np.ascontiguousarray(get(name), dtype=dtype)
-            if arr.shape != tuple(shape):
-                raise ValueError(f"{name}: shape {arr.shape} != declared {tuple(shape)}")
-            f.write(arr.tobytes())
+def _read_block(lazy, hf_shape: tuple[int, ...], to_ours: Callable[[np.ndarray], np.ndarray],
+                index: tuple, dtype) -> np.ndarray:
+    """Block ``index`` (in our layout, as ``dtype``) of one HF tensor, reading only its bounding box from the file.
+
+    ``to_ours`` maps an HF-layout array to ours by views (transposes, axis splits). Applying it to
+    zero-stride coordinate grids tells which HF elements the block holds without touching the data; only
+    their bounding box is read through the lazy slice.
+    """
+    grids = [np.arange(n).reshape([-1 if a == axis else 1 for a in range(len(hf_shape))])
+             for axis, n in enumerate(hf_shape)]
+    probe = np.broadcast_to(grids[0], hf_shape)
+    if to_ours(probe) is probe:  # the same layout (embedding, norms): the block is a slice of the file
+        return np.asarray(lazy[index], dtype=dtype)
+    coords = [to_ours(np.broadcast_to(grid, hf_shape))[index] for grid in grids]  # views: no memory
+    box = tuple(slice(*_bounds(c)) for c in coords)
+    data = np.asarray(lazy[box])
+    if data.shape != hf_shape:
+        # Placed in an array of the whole tensor's shape, so that `to_ours` applies: `np.empty` only reserves
+        # address space, and memory backs just the pages the box is written to.
+        whole = np.empty(hf_shape, data.dtype)
+        whole[box] = data
+        data = whole
+    return np.array(to_ours(data)[index], dtype=dtype, order="C")
+
+
+def _bounds(coords: np.ndarray) -> tuple[int, int]:
+    """(min, max + 1) of a coordinate view: its first and last element when no stride runs backwards (transposes
+    and splits of an increasing grid), else a full reduction."""
+    if all(stride >= 0 for stride in coords.strides):
+        return int(coords[(0,) * coords.ndim]), int(coords[(-1,) * coords.ndim]) + 1
+    return int(coords.min()), int(coords.max()) + 1
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
+    """One .safetensors file (local or gs://) written by the library from host arrays (bfloat16 included)."""
+    epath.Path(path).write_bytes(safetensors.numpy.save(tensors, metadata=dict(metadata or {"format": "pt"})))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -278,37 +307,35 @@ def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None 
                    rules: Rules = DEFAULT_RULES) -> dict[str, jax.Array]:
     """Our flat parameter dict (see ``transformer.param_shapes``) read from an HF checkpoint.
 
-    Every array is assembled per device shard from memory-mapped file data, sharded by ``rules`` on
-    ``mesh`` (or placed on the default device without a mesh).
+    Every array is assembled per device shard (``jax.make_array_from_callback``), each shard read from
+    the files through ``safetensors``' lazy slices, sharded by ``rules`` on ``mesh`` (or placed on the
+    default device without a mesh): no full host copy of a parameter is ever made.
     """
-    reader = SafetensorsReader(path)
     pd = cfg.params_dtype
     out = {}
-    for name, shape in param_shapes(cfg).items():
-        hf_top = name in ("embed", "final_norm", "lm_head")
-        if name == "lm_head" and _hf_name("lm_head", None) not in reader:
-            raise KeyError("checkpoint has no lm_head.weight but config.json says the head is untied")
-        if hf_top:
-            src = _hf_to_ours(name, reader.get(_hf_name(name, None)), cfg)
-            if src.shape != shape:
-                raise ValueError(f"{name}: checkpoint shape {src.shape} != expected {shape}")
+    with SafetensorsCheckpoint(path) as ckpt:
+        for name, shape in param_shapes(cfg).items():
+            layers = None if name in ("embed", "final_norm", "lm_head") else range(cfg.n_layers)
+            hf_names = [_hf_name(name, None)] if layers is None else [_hf_name(name, i) for i in layers]
+            if name == "lm_head" and hf_names[0] not in ckpt:
+                raise KeyError("checkpoint has no lm_head.weight but config.json says the head is untied")
+            lazy = [ckpt.slice(n) for n in hf_names]
+            hf_shape = tuple(lazy[0].get_shape())
+            to_ours = functools.partial(_hf_to_ours, name, cfg=cfg)
+            ours_shape = to_ours(np.empty(hf_shape, np.bool_)).shape
+            if ours_shape != (shape if layers is None else shape[1:]):
+                raise ValueError(f"{name}: checkpoint shape {ours_shape} != expected {shape}")
 
-            def cb(index, src=src):
-                return np.asarray(src[index], dtype=pd)
-        else:
-            layer_src = [_hf_to_ours(name, reader.get(_hf_name(name, i)), cfg) for i in range(cfg.n_layers)]
-            if layer_src[0].shape != shape[1:]:
-                raise ValueError(f"{name}: checkpoint shape {layer_src[0].shape} != expected {shape[1:]}")
+            def cb(index, lazy=lazy, hf_shape=hf_shape, to_ours=to_ours, layers=layers):
+                if layers is None:
+                    return _read_block(lazy[0], hf_shape, to_ours, index, pd)
+                return np.stack([_read_block(lazy[i], hf_shape, to_ours, index[1:], pd) for i in layers[index[0]]])
 
-            def cb(index, layer_src=layer_src):
-                rows = range(cfg.n_layers)[index[0]]
-                return np.stack([np.asarray(layer_src[i][index[1:]], dtype=pd) for i in rows])
-
-        if mesh is None:
-            sharding = SingleDeviceSharding(jax.devices()[0])
-        else:
-            sharding = jax.sharding.NamedSharding(mesh, logical_to_spec(PARAM_AXES[name], rules, mesh, shape))
-        out[name] = jax.make_array_from_callback(shape, sharding, cb)
+            if mesh is None:
+                sharding = SingleDeviceSharding(jax.devices()[0])
+            else:
+                sharding = jax.sharding.NamedSharding(mesh, logical_to_spec(PARAM_AXES[name], rules, mesh, shape))
+            out[name] = jax.make_array_from_callback(shape, sharding, cb)
     return out
 
 
@@ -340,7 +367,7 @@ def load_hf(path: str | os.PathLike, mesh: Mesh | None = None, rules: Rules = DE
     ``config_overrides`` replace ``ModelConfig`` fields that do not change the parameters (e.g.
     ``dtype='bfloat16'``, ``remat=True``, ``param_dtype``).
     """
-    d = json.loads((pathlib.Path(path) / "config.json").read_text())
+    d = json.loads((epath.Path(path) / "config.json").read_text())
     cfg = config_from_hf(d, **config_overrides)
     return model_from_params(cfg, load_hf_params(path, cfg, mesh, rules), mesh, rules)
 
@@ -351,28 +378,30 @@ def load_hf(path: str | os.PathLike, mesh: Mesh | None = None, rules: Rules = DE
 
 def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = None,
             max_shard_bytes: int = 4 << 30) -> None:
-    """Write ``config.json`` and safetensors (``model.safetensors`` or numbered shards + index).
+    """Write ``config.json`` and safetensors (``model.safetensors`` or numbered shards + index) to a local
+    directory or a gs:// URL.
 
     ``dtype``: 'float32' | 'bfloat16' | 'float16' for the stored tensors (default: the param dtype).
-    Only one parameter is gathered to host memory at a time.
+    Host memory holds one of our (stacked) parameters plus the shard being written (``max_shard_bytes``). In a
+    multi-process job every process calls it (parameters spread over hosts are gathered) and process 0 writes.
     """
     cfg = model.cfg
-    path = pathlib.Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path = epath.Path(path)
+    writes = jax.process_index() == 0
+    if writes:
+        path.mkdir(parents=True, exist_ok=True)
     out_dtype = np.dtype(ml_dtypes.bfloat16) if (dtype or cfg.param_dtype) == "bfloat16" else \
         np.dtype(dtype or cfg.param_dtype)
     variables = _variables(model)
-    shapes = param_shapes(cfg)
 
-    # (hf name, hf shape, our name, layer)
+    # (hf name, hf shape, our name, layer), grouped by our parameter so each stacked array is gathered once.
     entries = []
-    for name, shape in shapes.items():
+    for name, shape in param_shapes(cfg).items():
         if name in ("embed", "final_norm", "lm_head"):
             entries.append((_hf_name(name, None), _ours_to_hf(name, np.empty(shape, np.bool_)).shape, name, None))
         else:
             hf_shape = _ours_to_hf(name, np.empty(shape[1:], np.bool_)).shape
             entries += [(_hf_name(name, i), hf_shape, name, i) for i in range(cfg.n_layers)]
-    # Grouped by our parameter (not by HF name) so each stacked array is gathered to host once.
 
     # Split into shards by size, keeping order.
     shards: list[list] = [[]]
@@ -385,24 +414,28 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
         shards[-1].append(e)
         size += n
 
-    cache: dict[str, np.ndarray] = {}
+    host: dict[str, np.ndarray] = {}
 
-    def get(hf_name: str, by_name) -> np.ndarray:
-        _, _, name, layer = by_name[hf_name]
-        if name not in cache:
-            cache.clear()  # one of our (stacked) params in host memory at a time
-            cache[name] = np.asarray(jax.device_get(variables[name][...]))
-        a = cache[name] if layer is None else cache[name][layer]
-        return _ours_to_hf(name, a).astype(out_dtype)
+    def hf_tensor(name: str, layer: int | None) -> np.ndarray:
+        if name not in host:
+            host.clear()  # one of our (stacked) params in host memory at a time
+            value = variables[name][...]
+            if not value.is_fully_addressable:
+                value = multihost_utils.process_allgather(value, tiled=True)
+            host[name] = np.asarray(jax.device_get(value))
+        a = host[name] if layer is None else host[name][layer]
+        return np.ascontiguousarray(_ours_to_hf(name, a), dtype=out_dtype)
 
     names = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map = {}
     for fname, shard in zip(names, shards, strict=True):
-        by_name = {e[0]: e for e in shard}
-        write_safetensors(path / fname, [(e[0], e[1], out_dtype) for e in shard],
-                          lambda n, by_name=by_name: get(n, by_name), metadata={"format": "pt"})
+        tensors = {e[0]: hf_tensor(e[2], e[3]) for e in shard}
+        if writes:
+            write_safetensors(path / fname, tensors, metadata={"format": "pt"})
         weight_map.update({e[0]: fname for e in shard})
+    if not writes:
+        return
     if len(shards) > 1:
         total = sum(math.prod(e[1]) * out_dtype.itemsize for e in entries)
         (path / "model.safetensors.index.json").write_text(

@@ -27,6 +27,10 @@ one: the compact grammar's `error`), logged once per tool and exception type, an
 `tool_calls` under `error/<tool>` (`RolloutBatch.stats()`: `<agent>/tool_errors`). Only that call is guarded;
 an exception anywhere else in the engine is a bug and raises. Every text the engine renders (tool responses,
 delegated tasks, sub-agent answers) is made valid Unicode first (`protocol.valid_unicode`).
+
+Each agent may have its own tokenizer (`AgentRuntime.tokenizer`, e.g. its pretrained checkpoint's): an episode is
+rendered, sampled and decoded with its agent's, and the text that crosses between agents (a delegated task, a
+sub-agent's answer) crosses as text, tokenized by the agent that reads it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class AgentRuntime:
     can_delegate: bool = False
     max_turns: int = 8
     context_tokens: int = 2048
+    tokenizer: Any = None  # its own ChatTokenizer (None: the engine's); it renders and reads all of its episodes
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -101,22 +106,23 @@ class RolloutEngine:
         # None: sub-agent turns run here, in lock-step with the top-level turns. Else called as
         # `sub_executor(spawned, questions)` once per iteration; returns the spawned episodes finished.
         self.sub_executor = sub_executor
-        self._assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
-        self._separator = tokenizer.turn_separator_ids
-        self._end_of_turn = tokenizer.end_of_turn_id
+        self._runtimes = {agent.name: agent for agent in (top, sub) if agent is not None}
+        for agent in self._runtimes.values():
+            agent.tokenizer = agent.tokenizer or tokenizer
         self._logged_failures: set[tuple[str, str]] = set()
 
     # -- episode construction ------------------------------------------------------------------------
 
     def _start(self, agent: AgentRuntime, user_text: str, **fields) -> Episode:
         episode = Episode(agent=agent.name, **fields)
-        ids, _ = self.tokenizer.render_chat([(SYSTEM, agent.system_prompt), (USER, valid_unicode(user_text))])
+        ids, _ = agent.tokenizer.render_chat([(SYSTEM, agent.system_prompt), (USER, valid_unicode(user_text))])
         episode.extend(ids)
         return episode
 
     def _respond(self, episode: Episode, output: str) -> None:
+        """A tool response (or a sub-agent's answer) to `episode`, tokenized by the episode's own agent."""
         response = self.grammar.render_tool_response(valid_unicode(output))
-        episode.extend(self.tokenizer.render_message(TOOL, response))
+        episode.extend(self._runtimes[episode.agent].tokenizer.render_message(TOOL, response))
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -173,14 +179,15 @@ class RolloutEngine:
     def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict,
               temperature: float) -> list[Episode]:
         """One sampled turn for each episode; returns the sub-agent episodes the turns started."""
-        limits = self.limits
+        limits, tokenizer = self.limits, agent.tokenizer
+        assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
         prompts, budgets, active = [], [], []
         for episode in episodes:
-            room = agent.context_tokens - len(episode.tokens) - len(self._assistant_prefix)
+            room = agent.context_tokens - len(episode.tokens) - len(assistant_prefix)
             if room < limits.min_turn_tokens:
                 episode.end_reason = CONTEXT_FULL
                 continue
-            prompts.append(episode.tokens + self._assistant_prefix)
+            prompts.append(episode.tokens + assistant_prefix)
             budgets.append(min(limits.max_turn_tokens, room))
             active.append(episode)
         if not active:
@@ -188,7 +195,7 @@ class RolloutEngine:
         start = time.perf_counter()
         out = agent.sampler.sample(prompts, max_new=limits.max_turn_tokens, rng=rng,
                                    temperature=temperature,
-                                   stop_tokens=(self._end_of_turn,),
+                                   stop_tokens=(tokenizer.end_of_turn_id,),
                                    budgets=budgets)
         timings["sampling_s"] += time.perf_counter() - start
 
@@ -197,15 +204,15 @@ class RolloutEngine:
         for row, episode in enumerate(active):
             n = int(out.lengths[row])
             ids = out.tokens[row, :n]
-            episode.extend(self._assistant_prefix)
+            episode.extend(assistant_prefix)
             episode.extend(ids, trained=True, logprobs=out.logprobs[row, :n])
             if not bool(out.stopped[row]):
-                episode.turns.append(self.tokenizer.decode(ids))
+                episode.turns.append(tokenizer.decode(ids))
                 # Cut short by the context budget, or by the per-turn token limit.
                 episode.end_reason = CONTEXT_FULL if budgets[row] < limits.max_turn_tokens else TURN_TOO_LONG
                 continue
-            episode.extend(self._separator)
-            text = self.tokenizer.decode(ids[:-1])
+            episode.extend(tokenizer.turn_separator_ids)
+            text = tokenizer.decode(ids[:-1])
             episode.turns.append(text)
             spawned.extend(self._act(agent, episode, text))
         timings["tools_s"] += time.perf_counter() - start

@@ -121,7 +121,12 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
         trainer = (MainRole if role == "main" else SubRole)(config, workdir)
     else:
         raise ValueError(f"unknown role {role!r}: expected colocated, main or sub")
+    from mgrpo_jax.train import export  # each agent as an HF checkpoint: recorded now, exported when finished
+
+    export.record_agents(trainer.workdir, trainer.agents)
     summary = trainer.run()
+    if trainer.status == "finished":
+        export.export_agents(trainer)
     log.info("%s (%s): %s", trainer.status, role,
              {k: round(v, 4) for k, v in summary.items() if k.endswith(("/reward", "/accuracy")) and v is not None})
     if trainer.is_main_process:
@@ -130,7 +135,8 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
 
 
 OUTPUTS = (("metrics", "metrics.jsonl"), ("tensorboard", "tb"), ("plot", "rewards.png"), ("checkpoints", "checkpoints"),
-           ("summary", "summary.json"), ("log", LOG_FILE), ("transcripts", "transcripts.jsonl"))
+           ("summary", "summary.json"), ("log", LOG_FILE), ("transcripts", "transcripts.jsonl"),
+           ("export", "export"))  # the agents as Hugging Face checkpoints (mgrpo_jax/train/export.py)
 
 
 def outputs(workdir: str) -> list[tuple[str, str]]:

@@ -48,6 +48,7 @@ class Learner:
     rules: Sequence = ()  # the sharding rules its parameters are laid out by (`agent.sharding_rules`)
     trainable: bool = True
     reference: object = None  # the frozen reference policy's parameters (kl_coef > 0 only)
+    tokenizer: object = None  # its ChatTokenizer: the run's, or its `init_from` checkpoint's own
     _policy_step: object = dataclasses.field(default=None, repr=False)
     _reference_logprobs: object = dataclasses.field(default=None, repr=False)
 

@@ -45,7 +45,7 @@ def main_rows(run, rollout, targets, stats) -> tuple[dict, dict]:
     name, agent = run.top_name, run.agents[run.top_name]
     metrics = {f"{name}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok", "zero_std_groups")}
     length = batches.bucket_length([len(e.tokens) for e in rollout.episodes(name)], agent.config.context_tokens)
-    return metrics, batches.top_batch(rollout.top, targets.main_advantages, length, run.tokenizer.pad_id,
+    return metrics, batches.top_batch(rollout.top, targets.main_advantages, length, agent.tokenizer.pad_id,
                                       temperature=run.config.rollout.temperature)
 
 
@@ -62,7 +62,7 @@ def sub_rows(run, received, targets, stats) -> tuple[dict, list[dict]]:
         chunks, metrics = unsync.unsync_step(
             run.fifo, run.fifo_consumer, records, chunk=cfg.rollout.unsync_chunk, group=cfg.rollout.samples,
             seed=derive_seed(cfg.seed, "unsync", run.step), start_version=int(agent.state.step),
-            passes=agent.config.passes, seq_len_limit=agent.config.context_tokens, pad_id=run.tokenizer.pad_id,
+            passes=agent.config.passes, seq_len_limit=agent.config.context_tokens, pad_id=agent.tokenizer.pad_id,
             advantages=run.targets_config.advantages, timeout_s=float(cfg.decoupled.timeout_s))
         return {**out, **metrics}, chunks
     if counts.max() == 0:
@@ -73,7 +73,7 @@ def sub_rows(run, received, targets, stats) -> tuple[dict, list[dict]]:
     length = batches.bucket_length([len(s.tokens) for s in received.rollout.episodes(SUB)],
                                    agent.config.context_tokens)
     return out, [batches.sub_batch(received.rollout.top, targets.sub_index, targets.sub_weight, targets.sub_advantages,
-                                   length, run.tokenizer.pad_id, temperature=cfg.rollout.temperature)]
+                                   length, agent.tokenizer.pad_id, temperature=cfg.rollout.temperature)]
 
 
 def with_timings(metrics: dict, rollout, t0: float, t1: float, t2: float, t3: float) -> dict:

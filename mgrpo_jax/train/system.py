@@ -36,9 +36,11 @@ from mgrpo_jax.model import get_model_config, get_rules, make_mesh
 from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.store.retry import RetryPolicy
-from mgrpo_jax.tokenizer import Tokenizer
+from mgrpo_jax.tokenizer import PROTOCOL_TAGS, ChatTokenizer, Tokenizer
+from mgrpo_jax.tokenizer_hf import load_checkpoint_tokenizer
+from mgrpo_jax.train import pretrained
 from mgrpo_jax.train.learner import Learner
-from mgrpo_jax.train.state import create_agent_state, model_from_state
+from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_params, model_from_state
 
 log = logging.getLogger(__name__)
 
@@ -184,20 +186,28 @@ def agent_devices(names: Sequence[str]) -> dict[str, list]:
 Agent = Learner  # the name this class had before it got its train steps
 
 
-def build_agent(name: str, agent_cfg, tokenizer: Tokenizer, devices, seed: int, optim_cfg=None) -> Learner:
-    overrides = dict(agent_cfg.model_overrides.to_dict())
-    overrides.setdefault("vocab_size", tokenizer.vocab_size)
-    model_config = get_model_config(agent_cfg.model, **overrides)
-    if model_config.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"{name}: model vocab {model_config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+def build_agent(name: str, agent_cfg, tokenizer: ChatTokenizer, devices, seed: int, optim_cfg=None) -> Learner:
+    """Agent `name` on `devices`: initialised from `seed`, or from its `init_from` checkpoint (whose own tokenizer
+    `tokenizer` then is, see `agent_tokenizer`)."""
     mesh = make_mesh(agent_cfg.mesh.to_dict(), devices)
     rules = get_rules(agent_cfg.get("sharding_rules", "default"))
-    graphdef, state, sharding = create_agent_state(model_config, optim_cfg or agent_cfg.optim, mesh, rules, seed=seed)
+    optim_cfg = optim_cfg or agent_cfg.optim
+    if agent_cfg.get("init_from"):
+        model_config, params = pretrained.load_pretrained(agent_cfg, tokenizer, mesh, rules)
+        graphdef, state, sharding = create_agent_state_from_params(model_config, params, optim_cfg, mesh, rules)
+    else:
+        overrides = dict(agent_cfg.model_overrides.to_dict())
+        overrides.setdefault("vocab_size", tokenizer.vocab_size)
+        model_config = get_model_config(agent_cfg.model, **overrides)
+        if model_config.vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"{name}: model vocab {model_config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
+        graphdef, state, sharding = create_agent_state(model_config, optim_cfg, mesh, rules, seed=seed)
     sampler = Sampler(model_from_state(graphdef, state), pad_id=tokenizer.pad_id,
                       decode_phases=agent_cfg.decode_phases)
-    log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.model, model_config.num_params() / 1e6,
-             dict(mesh.shape))
-    return Learner(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler, rules)
+    log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.get("init_from") or agent_cfg.model,
+             model_config.num_params() / 1e6, dict(mesh.shape))
+    return Learner(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler, rules,
+                   tokenizer=tokenizer)
 
 
 def agent_names(mode: str) -> tuple[str, ...]:
@@ -231,8 +241,19 @@ def fit_devices(devices: list, rows: Sequence[int], fixed_axes: int = 1) -> list
     raise ValueError(f"no device count divides batches of {rows} rows with fixed mesh axes of size {fixed_axes}")
 
 
-def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
-    """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run)."""
+def agent_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
+    """Agent `name`'s tokenizer: the one of its `init_from` checkpoint, else the run's `shared` one. Text that
+    crosses between agents (a delegated task, a sub-agent's answer) is tokenized by the agent that reads it. The
+    `chat` grammar's tags are made single tokens of a checkpoint's vocabulary (`tokenizer_hf`)."""
+    path = config[name].get("init_from", "")
+    if not path:
+        return shared
+    return load_checkpoint_tokenizer(path, PROTOCOL_TAGS if config.env.grammar == "chat" else ())
+
+
+def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
+    """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run); each
+    gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`)."""
     names = agent_names(config.mode)
     devices = agent_devices([n for n in names if only is None or n in only])
     agents = {}
@@ -244,24 +265,28 @@ def build_agents(config, tokenizer: Tokenizer, only: Sequence[str] | None = None
         for size in agent_cfg.mesh.to_dict().values():
             fixed *= size if size > 0 else 1
         usable = fit_devices(devices[name], batch_rows(config, name), fixed)
-        agents[name] = build_agent(name, agent_cfg, tokenizer, usable, config.seed * 100 + offset)
+        agents[name] = build_agent(name, agent_cfg, agent_tokenizer(config, name, tokenizer), usable,
+                                   config.seed * 100 + offset)
     if config.mode == "frozen_sub" and SUB in agents:
         agents[SUB].trainable = False
     return agents
 
 
-def build_engine(config, tokenizer: Tokenizer, env: OfflineEnvironment | CompactEnvironment,
+def build_engine(config, tokenizer: ChatTokenizer, env: OfflineEnvironment | CompactEnvironment,
                  agents: dict[str, Learner], sub_executor=None) -> RolloutEngine:
-    """The rollout engine; an agent missing from `agents` (the other job's, in decoupled mode) gets a runtime
-    without a sampler: its prompt and tools are known here, its turns are not sampled here."""
+    """The rollout engine, each agent with its own tokenizer; an agent missing from `agents` (the other job's, in
+    decoupled mode) gets a runtime without a sampler: its prompt, tools and tokenizer are known here, its turns
+    are not sampled here."""
     limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,
                            temperature=config.rollout.temperature)
 
     def runtime(name, prompt_and_tools, can_delegate):
         prompt, tools = prompt_and_tools
         sampler = agents[name].sampler if name in agents else None
+        own = getattr(agents.get(name), "tokenizer", None) or agent_tokenizer(config, name, tokenizer)
         return AgentRuntime(name, sampler, prompt, tools, can_delegate=can_delegate,
-                            max_turns=config[name].max_turns, context_tokens=config[name].context_tokens)
+                            max_turns=config[name].max_turns, context_tokens=config[name].context_tokens,
+                            tokenizer=own)
 
     if isinstance(env, CompactEnvironment):
         def prompt_and_tools(name):

@@ -46,7 +46,7 @@ def demonstrations(run, agent: str, count: int, seed: int) -> list:
         else:
             transcript = experts.main_agent(question)
             episodes = [transcript.top] if agent == MAIN else list(transcript.subs)
-        examples.extend(run.tokenizer.render_chat(episode.as_chat()) for episode in episodes)
+        examples.extend(run.agents[agent].tokenizer.render_chat(episode.as_chat()) for episode in episodes)
         if len(examples) >= count:
             break
     return examples[:count]
@@ -143,7 +143,7 @@ def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
                 rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
                                                                     replace=False)]
                 length = batches.bucket_length([len(ids) for ids, _ in rows], agent.config.context_tokens)
-                batch = batches.sft_rows(rows, length, run.tokenizer.pad_id)
+                batch = batches.sft_rows(rows, length, agent.tokenizer.pad_id)
                 agent.state, metrics = clone.step(agent.state, {k: batch[k] for k in SFT_KEYS})
                 clone.losses.append(float(metrics["loss"]))
                 bar.update(clone.done + 1, loss=clone.losses[-1])

@@ -17,7 +17,7 @@ from flax import nnx
 
 from mgrpo_jax.model import Transformer, get_model_config, make_mesh
 from mgrpo_jax.model.checkpoint_hf import (
-    SafetensorsReader,
+    SafetensorsCheckpoint,
     config_from_hf,
     config_to_hf,
     load_hf,
@@ -142,8 +142,8 @@ def test_bfloat16_export_and_sharded_files(tmp_path):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
-    reader = SafetensorsReader(tmp_path)
-    assert reader.get("model.embed_tokens.weight").dtype.name == "bfloat16"
+    with SafetensorsCheckpoint(tmp_path) as ckpt:
+        assert ckpt.get("model.embed_tokens.weight").dtype.name == "bfloat16"
     # transformers reads the sharded bf16 export; logits equal ours run on the bf16-rounded params.
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     back = load_hf(tmp_path)
