@@ -234,7 +234,7 @@ def _parse_flags_or_exit(argv: list[str]) -> list[str]:
 def main(argv):
     del argv
     config, workdir, role = _CONFIG.value, _WORKDIR.value, _ROLE.value
-    from mgrpo_jax.train.launch import check, execute, log_to_file
+    from mgrpo_jax.train.launch import check, check_meshes, execute, log_to_file
 
     try:  # on every process, before jax.distributed and before anything is built
         check(config, workdir, role)
@@ -253,6 +253,10 @@ def main(argv):
                                        process_id=_PROCESS_ID.value)
         else:
             jax.distributed.initialize()
+    try:  # the meshes need the devices, so only now
+        check_meshes(config, role)
+    except UsageError as e:
+        _exit_usage(e)
     level = logging.INFO if jax.process_index() == 0 else logging.ERROR  # only process 0 logs progress
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)  # absl's handler may already be installed, making basicConfig a no-op

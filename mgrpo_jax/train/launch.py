@@ -8,6 +8,7 @@ one `error:` message and exit status 2.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -70,15 +71,60 @@ def check_benchmark_files(config) -> int:
     return len(records)
 
 
+def role_agents(config, role: str) -> tuple[str, ...]:
+    """The agents a job of `role` holds: all of the mode's (colocated), or its own side of the decoupled mode."""
+    from mgrpo_jax.train.system import agent_names
+
+    names = agent_names(config.mode)
+    return {"main": names[:1], "sub": names[1:]}.get(role, names)
+
+
+def check_init_from(config, role: str = "colocated") -> None:
+    """Each agent's `init_from` (if set) is a Hugging Face checkpoint folder the model code can represent: its
+    config.json, safetensors and tokenizer files are there, and `config_from_hf` accepts the config."""
+    from etils import epath
+
+    from mgrpo_jax.model.checkpoint_hf import config_from_hf
+
+    for name in role_agents(config, role):
+        source = config[name].get("init_from")
+        if not source:
+            continue
+        path, field = epath.Path(source), f"{name}.init_from={source!r}"
+        if not path.is_dir():
+            raise UsageError(f"{field}: no such folder")
+        for what, patterns in (("config.json", ["config.json"]), ("safetensors weights", ["*.safetensors"]),
+                               ("tokenizer.json or tokenizer.model", ["tokenizer.json", "tokenizer.model"])):
+            if not any(list(path.glob(pattern)) for pattern in patterns):
+                raise UsageError(f"{field}: no {what} there")
+        try:
+            config_from_hf(json.loads((path / "config.json").read_text()))
+        except (NotImplementedError, KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"{field}: its config.json is not a model this code can build "
+                             f"({type(e).__name__}: {e})") from None
+
+
+def check_meshes(config, role: str = "colocated") -> None:
+    """Each agent's mesh fits the devices it gets (needs JAX's backend: run after `jax.distributed`)."""
+    from mgrpo_jax.train.system import agent_mesh_devices
+
+    try:
+        agent_mesh_devices(config, role_agents(config, role))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def check(config, workdir: str, role: str = "colocated") -> None:
     """Every problem of the inputs that shows before anything is built, as a `UsageError`: the config's
-    (`validate`, all listed in one message), then the workdir's, then the benchmark files'."""
+    (`validate`, all listed in one message), then the workdir's, the benchmark files' and the `init_from`
+    checkpoints'. `execute` adds the meshes' (they need the devices)."""
     try:
         validate(config, role)
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_workdir(workdir)
     check_benchmark_files(config)
+    check_init_from(config, role)
 
 
 def log_to_file(workdir: str, role: str = "colocated") -> str | None:
@@ -110,6 +156,7 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
     """(the last step's metrics, the run's status: finished, preempted or stopped). `colocated`: both agents in
     this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
     check(config, workdir, role)  # bad inputs fail here, before anything is built
+    check_meshes(config, role)
     enable_compilation_cache(workdir)
     if role == "colocated":
         from mgrpo_jax.train.trainer import Trainer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Sequence
 
 import jax
@@ -251,22 +252,33 @@ def agent_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
     return load_checkpoint_tokenizer(path, PROTOCOL_TAGS if config.env.grammar == "chat" else ())
 
 
+def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, list]:
+    """{agent: the devices its mesh spans} for the agents of `config.mode` (`only`: a subset). A mesh whose axes
+    cannot fit those devices is a ValueError naming `<agent>.mesh` and its value."""
+    names = agent_names(config.mode)
+    devices = agent_devices([n for n in names if only is None or n in only])
+    out = {}
+    for name in (n for n in names if n in devices):
+        shape = config[name].mesh.to_dict()
+        fixed = math.prod(size for size in shape.values() if size > 0)
+        try:
+            out[name] = fit_devices(devices[name], batch_rows(config, name), fixed)
+            make_mesh(shape, out[name])  # the axes' sizes fit those devices
+        except ValueError as e:
+            raise ValueError(f"{name}.mesh={shape}: does not fit the {len(devices[name])} devices this agent gets "
+                             f"({e})") from None
+    return out
+
+
 def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
     """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run); each
     gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`)."""
-    names = agent_names(config.mode)
-    devices = agent_devices([n for n in names if only is None or n in only])
+    names, devices = agent_names(config.mode), agent_mesh_devices(config, only)
     agents = {}
     for offset, name in enumerate(names):
-        if name not in devices:
-            continue
-        agent_cfg = config[name]
-        fixed = 1
-        for size in agent_cfg.mesh.to_dict().values():
-            fixed *= size if size > 0 else 1
-        usable = fit_devices(devices[name], batch_rows(config, name), fixed)
-        agents[name] = build_agent(name, agent_cfg, agent_tokenizer(config, name, tokenizer), usable,
-                                   config.seed * 100 + offset)
+        if name in devices:
+            agents[name] = build_agent(name, config[name], agent_tokenizer(config, name, tokenizer), devices[name],
+                                       config.seed * 100 + offset)
     if config.mode == "frozen_sub" and SUB in agents:
         agents[SUB].trainable = False
     return agents

@@ -104,7 +104,32 @@ BAD_INPUTS = {
             t, "main.jsonl", (json.dumps(_WW_RECORD) + "\n" + json.dumps({"question": "q", "answer": "a"})).encode()),
          f"--workdir={t / 'run'}"],
         [str(t / "main.jsonl"), "line 2", "'root_url'"]),
+    "init_from that does not exist": lambda t: (
+        ["--config=experiments/xbench.py:smoke", f"--config.main.init_from={t / 'nope'}", f"--workdir={t / 'run'}"],
+        [f"main.init_from='{t / 'nope'}'", "no such folder"]),
+    "init_from without weights": lambda t: (
+        ["--config=experiments/xbench.py:smoke", f"--config.sub.init_from={_hf_folder(t, weights=False)}",
+         f"--workdir={t / 'run'}"],
+        ["sub.init_from=", "no safetensors weights there"]),
+    "init_from of a model the code cannot build": lambda t: (
+        ["--config=experiments/xbench.py:smoke", f"--config.main.init_from={_hf_folder(t, model_type='bert')}",
+         f"--workdir={t / 'run'}"],
+        ["main.init_from=", "not a model this code can build", "model_type 'bert' is not supported"]),
+    "mesh larger than the devices": lambda t: (
+        ["--config=experiments/xbench.py:smoke", "--config.main.mesh.tensor=16", f"--workdir={t / 'run'}"],
+        ["main.mesh=", "'tensor': 16", "does not fit the 4 devices this agent gets"]),
 }
+
+
+def _hf_folder(t, model_type: str = "qwen3", weights: bool = True) -> str:
+    """A folder shaped like a Hugging Face checkpoint (the files' contents do not matter to these checks)."""
+    folder = t / "hf"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (folder / "tokenizer.json").write_text("{}")
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"")
+    return str(folder)
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
