@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 # (logical name, mesh axes). Parameters: FSDP over the model dimension, Megatron-style tensor
 # parallelism over heads / MLP hidden / vocab. Activations: batch over data x fsdp, heads over tensor.
@@ -49,6 +49,11 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("mlp", "tensor"),
     ("layers", None),
     ("norm", None),
+    # mixture of experts: experts [E, ...] over ``expert`` (expert parallelism, mgrpo_jax/model/moe.py), each
+    # expert's hidden units over ``tensor``; the router's [D, E] (small, read by every token) replicated
+    ("experts", "expert"),
+    ("expert_mlp", "tensor"),
+    ("router", None),
     # activations
     ("act_batch", ("data", "fsdp")),
     ("act_seq", None),
@@ -77,8 +82,8 @@ def _with(rules: Rules, **changes: Any) -> Rules:
     return tuple((name, changes.get(name, axes)) for name, axes in rules)
 
 
-_NO_TENSOR = dict(vocab=None, q_heads=None, kv_heads=None, mlp=None, act_heads=None, act_kv_heads=None,
-                  act_mlp=None, act_vocab=None, cache_kv_heads=None)
+_NO_TENSOR = dict(vocab=None, q_heads=None, kv_heads=None, mlp=None, expert_mlp=None, act_heads=None,
+                  act_kv_heads=None, act_mlp=None, act_vocab=None, cache_kv_heads=None)
 
 # ZeRO-3 style: every parameter sharded over ``fsdp`` along the model dimension (gathered layer by layer
 # where it is used), no tensor parallelism: activations and the KV cache keep whole heads, the MLP hidden

@@ -1,0 +1,138 @@
+"""The mixture-of-experts feed-forward block of Qwen3-MoE, dropless, as grouped matmuls.
+
+For tokens ``h [N, D]`` and one layer's ``router [D, E]``, ``expert_gate`` / ``expert_up [E, D, F]`` and
+``expert_down [E, F, D]`` (HF ``Qwen3MoeSparseMoeBlock``; no shared expert)::
+
+    p = softmax(h @ router)                      # float32
+    w, e = top_k(p, k)                           # k experts per token; w / sum(w) when norm_topk_prob
+    y[n] = sum_j w[n, j] * down_e(silu(gate_e(h[n])) * up_e(h[n]))   with e = e[n, j]
+
+Every token reaches its k experts (no capacity, nothing dropped): the ``N k`` (token, expert) pairs are sorted
+by expert and each expert's contiguous rows multiplied by its weights with ``jax.lax.ragged_dot`` (a grouped
+matmul; per-expert row counts as the group sizes), then the rows are put back in token order and summed with
+their weights. The work is that of ``N k`` tokens through one expert, not of every token through every expert.
+
+**Expert parallelism.** With an ``expert`` mesh axis (and the rules placing the ``experts`` logical axis on it,
+``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis:
+every device sees all (token, expert) pairs of its row shard, multiplies the contiguous run of rows routed to
+its own experts, and the partial outputs are summed over the axis (one ``psum`` of ``[N k, D]`` per layer). The
+other mesh axes (FSDP, tensor) stay automatic.
+
+**Routing statistics** (``RouterStats``, per layer, over the real tokens of ``token_mask``): how many top-k
+assignments each expert got, the sum of each expert's router probability, and the token count. Summed over
+layers they give HF's ``load_balancing_loss_func`` (:func:`load_balancing_loss`) and the load metrics the train
+step logs (:func:`routing_metrics`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.sharding import MeshRules
+
+MOE_PARAMS = ("router", "expert_gate", "expert_up", "expert_down")  # one MoE layer's parameters
+EXPERT_AXIS = "expert"  # the mesh axis of expert parallelism
+
+
+class RouterStats(NamedTuple):
+    """Routing counts over real tokens (float32): ``expert_tokens [E]`` top-k assignments per expert,
+    ``router_probs [E]`` summed router probabilities, ``tokens []`` routed tokens (summed over layers: the
+    rows of HF's pooled per-layer router logits)."""
+
+    expert_tokens: jax.Array
+    router_probs: jax.Array
+    tokens: jax.Array
+
+
+def route(h: jax.Array, router: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Router probabilities ``[N, E]`` float32, the top-k weights ``[N, k]`` (renormalised when
+    ``cfg.norm_topk_prob``) and expert ids ``[N, k]`` int32, for tokens ``h [N, D]``."""
+    logits = jnp.dot(h, router, preferred_element_type=h.dtype)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    if cfg.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return probs, weights, experts.astype(jnp.int32)
+
+
+def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, group_sizes: jax.Array):
+    """Rows ``xs [M, D]`` sorted by expert (``group_sizes [G]`` rows each, the rest after them untouched and
+    returned as 0) through their expert's SwiGLU MLP: ``[M, D]``."""
+    dt = xs.dtype
+    g = jax.lax.ragged_dot(xs, gate, group_sizes, preferred_element_type=dt)
+    u = jax.lax.ragged_dot(xs, up, group_sizes, preferred_element_type=dt)
+    return jax.lax.ragged_dot(jax.nn.silu(g) * u, down, group_sizes, preferred_element_type=dt)
+
+
+def _local_experts(xs, gate, up, down, group_sizes):
+    """``_swiglu_experts`` on one device of the ``expert`` axis: only the rows of its own experts (a contiguous
+    run of the sorted rows), others 0; the caller sums over the axis."""
+    n_local = gate.shape[0]
+    first = jax.lax.axis_index(EXPERT_AXIS) * n_local
+    starts = jnp.cumsum(group_sizes) - group_sizes
+    start = starts[first]
+    local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (n_local,))
+    rows = jnp.roll(xs, -start, axis=0)
+    out = _swiglu_experts(rows, gate, up, down, local_sizes)
+    out = jnp.where((jnp.arange(xs.shape[0]) < jnp.sum(local_sizes))[:, None], out, 0)
+    return jax.lax.psum(jnp.roll(out, start, axis=0), EXPERT_AXIS)
+
+
+def _expert_parallel(mr: MeshRules | None, shape: tuple[int, ...]) -> bool:
+    """Whether the rules split the experts ``[E, ...]`` over a mesh ``expert`` axis."""
+    if mr is None or mr.mesh.shape.get(EXPERT_AXIS, 1) == 1:
+        return False
+    spec = mr.spec(("experts",), shape[:1])
+    return len(spec) > 0 and spec[0] == EXPERT_AXIS
+
+
+def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token_mask: jax.Array):
+    """The MoE block over ``h [B, T, D]`` with one layer's weights ``w`` (``MOE_PARAMS``, compute dtype):
+    ``(y [B, T, D], RouterStats)``; ``token_mask [B, T]`` bool marks the tokens the statistics count."""
+    B, T, D = h.shape
+    k, E = cfg.num_experts_per_tok, cfg.num_experts
+    x = h.reshape(B * T, D)
+    probs, weights, experts = route(x, w["router"], cfg)
+    flat = experts.reshape(-1)  # pair p = n * k + j
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    xs = jnp.take(x, order // k, axis=0)
+    if _expert_parallel(mr, w["expert_gate"].shape):
+        expert_spec = PartitionSpec(EXPERT_AXIS)
+        run = jax.shard_map(_local_experts, mesh=mr.mesh, axis_names={EXPERT_AXIS},
+                            in_specs=(PartitionSpec(), expert_spec, expert_spec, expert_spec, PartitionSpec()),
+                            out_specs=PartitionSpec(), check_vma=False)
+    else:
+        run = _swiglu_experts
+    ys = run(xs, w["expert_gate"], w["expert_up"], w["expert_down"], group_sizes)
+    inverse = jnp.argsort(order)  # back to pair order
+    y = jnp.take(ys, inverse, axis=0).reshape(B * T, k, D)
+    y = jnp.einsum("nkd,nk->nd", y, weights.astype(y.dtype))
+
+    m = token_mask.reshape(-1).astype(jnp.float32)
+    counts = jnp.zeros((E,), jnp.float32).at[flat].add(jnp.repeat(m, k))
+    stats = RouterStats(counts, jnp.einsum("ne,n->e", probs, m), jnp.sum(m))
+    return y.reshape(B, T, D), stats
+
+
+def load_balancing_loss(stats: RouterStats, num_experts: int) -> jax.Array:
+    """HF ``load_balancing_loss_func`` (Switch Transformer) over layer-summed statistics:
+    ``E * sum_e f_e P_e`` with ``f_e`` the expert's top-k assignments and ``P_e`` its summed router probability,
+    both per routed token (``k`` for perfectly uniform routing, up to ``E k`` when one expert gets everything)."""
+    rows = jnp.maximum(stats.tokens, 1.0)
+    return num_experts * jnp.sum((stats.expert_tokens / rows) * (stats.router_probs / rows))
+
+
+def routing_metrics(stats: RouterStats) -> dict[str, jax.Array]:
+    """Per-expert share of the top-k assignments (``router_share_e{i}``, summing to 1) and the load imbalance
+    ``router_load_max_over_mean`` (the busiest expert's assignments over the mean; 1 when balanced)."""
+    total = jnp.maximum(jnp.sum(stats.expert_tokens), 1.0)
+    share = stats.expert_tokens / total
+    out = {f"router_share_e{i}": share[i] for i in range(share.shape[0])}
+    out["router_load_max_over_mean"] = jnp.max(share) * share.shape[0]
+    return out
