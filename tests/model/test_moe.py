@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 import transformers
@@ -205,3 +206,60 @@ def test_cached_decode_equals_full_forward():
                               cache_index=jnp.int32(t))
         steps.append(logits)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)), np.asarray(full[:, 5:]), atol=TOL)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RL on an MoE agent: sampler and train step agree; the router loss in the step
+
+
+def test_sampler_logprobs_are_the_train_steps_and_router_loss_is_added():
+    from mgrpo_jax.rollout import batches
+    from mgrpo_jax.rollout.episode import Episode
+    from mgrpo_jax.sampling import Sampler
+    from mgrpo_jax.train.state import create_agent_state, model_from_state
+    from mgrpo_jax.train.step import make_policy_step
+
+    sgd = optax.sgd(1.0)
+    cfg = _cfg(vocab_size=64, n_layers=3, mlp_only_layers=(1,))
+    mesh = make_mesh({"data": 2, "expert": 4})
+    g, state, sharding = create_agent_state(cfg, sgd, mesh, seed=5)
+    assert state.params["layers"]["expert_up"].sharding.spec[1] == "expert"
+    sampler = Sampler(model_from_state(g, state), pad_id=0)
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(1, 64, size=int(n))) for n in rng.integers(3, 8, size=4)]
+    out = sampler.sample(prompts, max_new=8, rng=0, temperature=1.0)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        episode = Episode(agent="main", question_index=0, rollout=i)
+        episode.extend(prompt)
+        n = int(out.lengths[i])
+        episode.extend(out.tokens[i, :n], trained=True, logprobs=out.logprobs[i, :n])
+        rows.append(episode)
+    batch = batches.top_batch([rows], rng.normal(size=4).astype(np.float32), 24, pad_id=0, temperature=1.0)
+
+    metrics = {}
+    for coef in (0.0, 0.5):
+        step = make_policy_step(g, sgd, "grpo", {}, sharding, mesh, donate=False, router_aux_loss_coef=coef)
+        metrics[coef] = jax.device_get(step(state, batch)[1])
+    m = metrics[0.5]
+    assert m["tokens"] > 0 and m["skipped"] == 0
+    assert m["ratio_min"] == pytest.approx(1.0, abs=1e-5) and m["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    # Uniform routing gives k; the tiny random router is near it.
+    assert 1.9 < m["router_aux_loss"] < 3.0
+    assert m["loss"] - metrics[0.0]["loss"] == pytest.approx(0.5 * m["router_aux_loss"], rel=1e-4)
+    shares = [m[f"router_share_e{i}"] for i in range(cfg.num_experts)]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-5)
+    assert m["router_load_max_over_mean"] == pytest.approx(max(shares) * cfg.num_experts, rel=1e-5)
+
+
+def test_smoke_config_takes_moe_agents_and_validates_the_router_coefficient():
+    from mgrpo_jax.config import get_config, validate
+
+    c = get_config("xbench", "smoke")
+    c.main.model = c.sub.model = "qwen3-moe-tiny"
+    assert c.main.router_aux_loss_coef is None  # the model's own
+    c.sub.router_aux_loss_coef = 0.01
+    validate(c)
+    c.sub.router_aux_loss_coef = -1.0
+    with pytest.raises(ValueError, match="sub.router_aux_loss_coef"):
+        validate(c)
