@@ -28,7 +28,7 @@ import sys
 import ml_collections
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
-PRESETS = ("smoke", "local", "figures", "paper")
+PRESETS = ("smoke", "local", "figures", "paper", "paper_dense")
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
 

@@ -75,6 +75,10 @@ class ModelConfig:
     decoder_sparse_step: int = 1  # layer i is MoE when (i + 1) % step == 0 and i not in mlp_only_layers
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.001  # the load-balancing loss's default weight in the train step
+    # The experts' grouped matmul (mgrpo_jax/model/moe.py): 'ragged_dot' (jax.lax.ragged_dot), 'tiles' (the
+    # same product as one batched matmul over expert-aligned tiles: XLA:CPU runs ragged_dot as a masked
+    # product with every expert), 'auto' (tiles on the CPU, ragged_dot on TPU / GPU).
+    moe_matmul: Literal["auto", "ragged_dot", "tiles"] = "auto"
 
     def __post_init__(self):
         if self.family not in _FAMILIES:
@@ -94,6 +98,8 @@ class ModelConfig:
                              f"{self.num_experts}]")
         if self.num_experts and (self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0):
             raise ValueError("moe_intermediate_size and decoder_sparse_step must be positive with experts")
+        if self.moe_matmul not in ("auto", "ragged_dot", "tiles"):
+            raise ValueError(f"moe_matmul must be 'auto', 'ragged_dot' or 'tiles', got {self.moe_matmul!r}")
         object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
 
     @property

@@ -12,6 +12,11 @@ by expert and each expert's contiguous rows multiplied by its weights with ``jax
 matmul; per-expert row counts as the group sizes), then the rows are put back in token order and summed with
 their weights. The work is that of ``N k`` tokens through one expert, not of every token through every expert.
 
+XLA:CPU lowers ``ragged_dot`` to a masked product of every row with every group's matrix (``E`` times the
+work), so on the CPU (``cfg.moe_matmul`` ``auto``, the platform of the mesh's devices) the same grouped product
+is formed by :func:`tiled_ragged_dot`: each expert's rows padded to whole tiles, one batched matmul over the
+tiles with each tile's expert matrix (same values; at most ``E (tile - 1)`` padding rows of extra work).
+
 **Expert parallelism.** With an ``expert`` mesh axis (and the rules placing the ``experts`` logical axis on it,
 ``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis:
 every device sees all (token, expert) pairs of its row shard, multiplies the contiguous run of rows routed to
@@ -26,6 +31,7 @@ step logs (:func:`routing_metrics`).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -60,16 +66,50 @@ def route(h: jax.Array, router: jax.Array, cfg: ModelConfig) -> tuple[jax.Array,
     return probs, weights, experts.astype(jnp.int32)
 
 
-def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, group_sizes: jax.Array):
+def tiled_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int) -> jax.Array:
+    """``jax.lax.ragged_dot(x [M, K], w [G, K, N], group_sizes [G])`` (rows after the groups give 0) as one
+    batched matmul over tiles of ``tile`` rows, each group's rows padded to whole tiles (static bound: ``M /
+    tile + G`` tiles), each tile multiplied by its group's matrix."""
+    M, G = x.shape[0], w.shape[0]
+    n_tiles = -(-M // tile) + G
+    ends = jnp.cumsum(group_sizes)
+    tiles_per_group = (group_sizes + tile - 1) // tile
+    tile_ends = jnp.cumsum(tiles_per_group)
+    group = jnp.searchsorted(ends, jnp.arange(M), side="right")  # G: after every group
+    g = jnp.minimum(group, G - 1)
+    dest = (tile_ends[g] - tiles_per_group[g]) * tile + jnp.arange(M) - (ends[g] - group_sizes[g])
+    dest = jnp.where(group < G, dest, n_tiles * tile)  # out of range: dropped, read back as 0
+    padded = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[dest].set(x, mode="drop")
+    tile_group = jnp.minimum(jnp.searchsorted(tile_ends, jnp.arange(n_tiles), side="right"), G - 1)
+    y = jnp.einsum("tmk,tkn->tmn", padded.reshape(n_tiles, tile, -1), jnp.take(w, tile_group, axis=0),
+                   preferred_element_type=x.dtype)
+    return jnp.take(y.reshape(n_tiles * tile, -1), dest, axis=0, mode="fill", fill_value=0)
+
+
+def _tile_rows(rows: int, groups: int) -> int:
+    """Rows per tile for ``rows`` rows over ``groups`` groups: a power of two near a quarter of a group's
+    mean share, within [8, 128] (padding at most ``groups`` partial tiles against few, large matmuls)."""
+    return int(min(128, max(8, 2 ** max(0, (rows // (4 * groups)).bit_length() - 1))))
+
+
+def _grouped(method: str):
+    """The grouped matmul ``(x, w, group_sizes) -> [M, N]`` of ``cfg.moe_matmul`` (resolved, not ``auto``)."""
+    if method == "ragged_dot":
+        return lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes, preferred_element_type=x.dtype)
+    return lambda x, w, sizes: tiled_ragged_dot(x, w, sizes, _tile_rows(x.shape[0], w.shape[0]))
+
+
+def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, group_sizes: jax.Array,
+                    method: str = "ragged_dot"):
     """Rows ``xs [M, D]`` sorted by expert (``group_sizes [G]`` rows each, the rest after them untouched and
     returned as 0) through their expert's SwiGLU MLP: ``[M, D]``."""
-    dt = xs.dtype
-    g = jax.lax.ragged_dot(xs, gate, group_sizes, preferred_element_type=dt)
-    u = jax.lax.ragged_dot(xs, up, group_sizes, preferred_element_type=dt)
-    return jax.lax.ragged_dot(jax.nn.silu(g) * u, down, group_sizes, preferred_element_type=dt)
+    matmul = _grouped(method)
+    g = matmul(xs, gate, group_sizes)
+    u = matmul(xs, up, group_sizes)
+    return matmul(jax.nn.silu(g) * u, down, group_sizes)
 
 
-def _local_experts(xs, gate, up, down, group_sizes):
+def _local_experts(xs, gate, up, down, group_sizes, method):
     """``_swiglu_experts`` on one device of the ``expert`` axis: only the rows of its own experts (a contiguous
     run of the sorted rows), others 0; the caller sums over the axis."""
     n_local = gate.shape[0]
@@ -78,7 +118,7 @@ def _local_experts(xs, gate, up, down, group_sizes):
     start = starts[first]
     local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (n_local,))
     rows = jnp.roll(xs, -start, axis=0)
-    out = _swiglu_experts(rows, gate, up, down, local_sizes)
+    out = _swiglu_experts(rows, gate, up, down, local_sizes, method)
     out = jnp.where((jnp.arange(xs.shape[0]) < jnp.sum(local_sizes))[:, None], out, 0)
     return jax.lax.psum(jnp.roll(out, start, axis=0), EXPERT_AXIS)
 
@@ -89,6 +129,15 @@ def _expert_parallel(mr: MeshRules | None, shape: tuple[int, ...]) -> bool:
         return False
     spec = mr.spec(("experts",), shape[:1])
     return len(spec) > 0 and spec[0] == EXPERT_AXIS
+
+
+def matmul_method(cfg: ModelConfig, mr: MeshRules | None) -> str:
+    """``cfg.moe_matmul`` with ``auto`` resolved by the platform the block runs on (the mesh's devices, else
+    JAX's default backend): ``tiles`` on the CPU, ``ragged_dot`` elsewhere."""
+    if cfg.moe_matmul != "auto":
+        return cfg.moe_matmul
+    platform = mr.mesh.devices.flat[0].platform if mr is not None else jax.default_backend()
+    return "tiles" if platform == "cpu" else "ragged_dot"
 
 
 def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token_mask: jax.Array):
@@ -102,13 +151,15 @@ def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token
     order = jnp.argsort(flat, stable=True)
     group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
     xs = jnp.take(x, order // k, axis=0)
+    method = matmul_method(cfg, mr)
     if _expert_parallel(mr, w["expert_gate"].shape):
         expert_spec = PartitionSpec(EXPERT_AXIS)
-        run = jax.shard_map(_local_experts, mesh=mr.mesh, axis_names={EXPERT_AXIS},
+        run = jax.shard_map(functools.partial(_local_experts, method=method), mesh=mr.mesh,
+                            axis_names={EXPERT_AXIS},
                             in_specs=(PartitionSpec(), expert_spec, expert_spec, expert_spec, PartitionSpec()),
                             out_specs=PartitionSpec(), check_vma=False)
     else:
-        run = _swiglu_experts
+        run = functools.partial(_swiglu_experts, method=method)
     ys = run(xs, w["expert_gate"], w["expert_up"], w["expert_down"], group_sizes)
     inverse = jnp.argsort(order)  # back to pair order
     y = jnp.take(ys, inverse, axis=0).reshape(B * T, k, D)
