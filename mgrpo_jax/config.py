@@ -37,7 +37,8 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.model = model  # a preset of mgrpo_jax.model.config.get_model_config
     agent.model_overrides = ml_collections.ConfigDict()
     agent.init_from = ""  # a Hugging Face checkpoint directory (safetensors + config.json), optional
-    agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # -1: the rest
+    # -1: the rest; `expert`: expert parallelism of mixture-of-experts models (mgrpo_jax/model/moe.py)
+    agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
     # How parameters and activations map onto the mesh axes: a rule set of mgrpo_jax.model.sharding.RULE_SETS
     # (default: FSDP over `fsdp` plus tensor parallelism over `tensor`).
     agent.sharding_rules = "default"

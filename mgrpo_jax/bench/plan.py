@@ -4,6 +4,7 @@
                                                         # v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=paper_dense   # the dense 8B preset on v5p-128, v5e-64, v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
+    python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
 
 Needs libtpu (`pip install -r requirements-tpu.txt`); jax itself keeps running on the CPU. For each pod
 topology, `jax.experimental.topologies.get_topology_desc` gives the slice's abstract TPU devices, the agent's
@@ -25,9 +26,10 @@ counted: the table shows that as a lower bound (">20.92").
 The `paper` preset's agents are Qwen3-30B-A3B (mixture of experts: 48 layers, 128 experts, 8 per token), its
 experts split over the mesh's `expert` axis (mgrpo_jax/model/moe.py); its JSON keys start `paper_moe_`
 (`paper_moe_train_gib_per_chip_v5p64`, `paper_moe_fits_v5p64`: v5p-64 is 32 chips, the paper's 32 GPUs per agent).
-`paper_dense` is the dense 8B shape (keys `paper_dense_`). The sub-agent is the larger of the two (Q*K*D = 128 rows per RL step against the main agent's
-Q*K = 16), so its shapes are planned; the main agent's micro-batches have the same shape (16 rows). The
-vocabulary is the checkpoint's own (151,936 for Qwen3-8B, what `init_from` a real checkpoint gives). Where a
+`paper_dense` is the dense 8B shape (keys `paper_dense_`). The sub-agent is the larger of the two (Q*K*D = 128
+rows per RL step against the main agent's Q*K = 16), so its shapes are planned; the main agent's micro-batches
+have the same shape (16 rows). The vocabulary is the checkpoint's own (151,936 for Qwen3-8B and Qwen3-30B-A3B,
+what `init_from` a real checkpoint gives). Where a
 topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
 one row per shard (the `micro` column). Last line: one JSON object.
 """
@@ -63,7 +65,7 @@ PAPER_DENSE_TOPOLOGIES = {"v5p-128": "v5p:4x4x4", "v5e-64": "v5e:8x8", "v6e-64":
 SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
 # --size -> (topologies, prefix of its JSON keys)
 SIZES = {"paper": (PAPER_TOPOLOGIES, "paper_moe"), "paper_dense": (PAPER_DENSE_TOPOLOGIES, "paper_dense"),
-         "small": (SMALL_TOPOLOGIES, "small")}
+         "small": (SMALL_TOPOLOGIES, "small"), "small_moe": (SMALL_TOPOLOGIES, "small_moe")}
 PROGRAMS = ("train", "prefill", "decode")
 
 
@@ -103,6 +105,15 @@ def small_plan() -> Plan:
                              head_dim=64, mlp_dim=512, remat=True, dtype="bfloat16", attn_chunk=128)
     return Plan(model, {"data": 1, "fsdp": -1, "tensor": 2}, a.optim, a.loss, dict(a.loss_hparams), 8, 2, 512,
                 8, 64)
+
+
+def small_moe_plan() -> Plan:
+    """``small_plan`` with every MLP a mixture of 8 experts (2 per token) split over a 2-way ``expert`` axis."""
+    plan = small_plan()
+    model = get_model_config("qwen3-30b-a3b", vocab_size=2048, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                             head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                             attn_chunk=128)
+    return dataclasses.replace(plan, model=model, mesh={"data": 1, "fsdp": -1, "tensor": 1, "expert": 2})
 
 
 def topology_devices(topology: str) -> list:
@@ -273,7 +284,8 @@ def main(argv=None) -> dict:
 
     table, prefix = SIZES[args.size]
     names = [n for n in args.topologies.split(",") if n] or list(table)
-    plan = small_plan() if args.size == "small" else paper_plan(args.agent, args.size)
+    small = {"small": small_plan, "small_moe": small_moe_plan}
+    plan = small[args.size]() if args.size in small else paper_plan(args.agent, args.size)
     if args.model_overrides:
         overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
         parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v

@@ -13,7 +13,8 @@ Families differ only in a few switches (see ``ModelConfig``):
 ``get_model_config(name)`` accepts ``"<family>-<size>"`` (``llama-tiny``, ``qwen3-tiny``,
 ``gemma-tiny``), the fixed benchmark shape ``bench``, and the real checkpoint shapes ``llama3-8b``,
 ``qwen3-8b``, ``gemma-7b``, the mixture-of-experts shapes ``qwen3-moe-tiny``, ``bench-moe`` (the bench shape
-with 8 experts, top-2, of half the MLP width: the active parameters of ``bench``) and ``qwen3-30b-a3b``. Any preset can be edited with ``dataclasses.replace``.
+with 8 experts, top-2, of half the MLP width: the active parameters of ``bench``) and ``qwen3-30b-a3b``. Any
+preset can be edited with ``dataclasses.replace``.
 """
 
 from __future__ import annotations

@@ -109,11 +109,13 @@ def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Arr
     return matmul(jax.nn.silu(g) * u, down, group_sizes)
 
 
-def _local_experts(xs, gate, up, down, group_sizes, method):
+def _local_experts(xs, gate, up, down, group_sizes, first_expert, method):
     """``_swiglu_experts`` on one device of the ``expert`` axis: only the rows of its own experts (a contiguous
-    run of the sorted rows), others 0; the caller sums over the axis."""
+    run of the sorted rows from ``first_expert [1]`` on), others 0; summed over the axis. (The first expert comes
+    as an input split over the axis, not from ``axis_index``: the TPU partitioner rejects the partition id in a
+    partly manual computation.)"""
     n_local = gate.shape[0]
-    first = jax.lax.axis_index(EXPERT_AXIS) * n_local
+    first = first_expert[0]
     starts = jnp.cumsum(group_sizes) - group_sizes
     start = starts[first]
     local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (n_local,))
@@ -154,10 +156,15 @@ def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token
     method = matmul_method(cfg, mr)
     if _expert_parallel(mr, w["expert_gate"].shape):
         expert_spec = PartitionSpec(EXPERT_AXIS)
-        run = jax.shard_map(functools.partial(_local_experts, method=method), mesh=mr.mesh,
-                            axis_names={EXPERT_AXIS},
-                            in_specs=(PartitionSpec(), expert_spec, expert_spec, expert_spec, PartitionSpec()),
-                            out_specs=PartitionSpec(), check_vma=False)
+        n_shards = mr.mesh.shape[EXPERT_AXIS]
+        first_experts = jnp.arange(n_shards, dtype=jnp.int32) * (E // n_shards)
+        local = jax.shard_map(functools.partial(_local_experts, method=method), mesh=mr.mesh,
+                              axis_names={EXPERT_AXIS},
+                              in_specs=(PartitionSpec(), expert_spec, expert_spec, expert_spec, PartitionSpec(),
+                                        expert_spec),
+                              out_specs=PartitionSpec(), check_vma=False)
+        def run(*args):
+            return local(*args, first_experts)
     else:
         run = functools.partial(_swiglu_experts, method=method)
     ys = run(xs, w["expert_gate"], w["expert_up"], w["expert_down"], group_sizes)

@@ -299,3 +299,31 @@ def test_tiles_and_ragged_dot_blocks_agree_and_auto_picks_tiles_on_cpu():
     tok, pos = _tokens(T=12)
     np.testing.assert_allclose(np.asarray(tiles(jnp.asarray(tok), jnp.asarray(pos))[0]),
                                np.asarray(ragged(jnp.asarray(tok), jnp.asarray(pos))[0]), atol=TOL)
+
+
+def test_paper_preset_is_qwen3_30b_a3b_with_an_expert_axis_and_paper_dense_keeps_8b():
+    from mgrpo_jax.bench.plan import paper_plan
+
+    moe, dense = paper_plan("sub", "paper"), paper_plan("sub", "paper_dense")
+    assert moe.model.num_experts == 128 and moe.model.n_layers == 48 and moe.model.vocab_size == 151_936
+    assert moe.mesh["expert"] == 8 and dense.mesh.get("expert", 1) == 1
+    assert dense.model.num_experts == 0 and dense.model.d_model == 4096
+
+
+def test_paper_scale_moe_traces_abstractly_on_an_expert_mesh():
+    """Shape-check Qwen3-30B-A3B end to end on an fsdp x expert mesh (abstract: nothing allocated or compiled)."""
+    from mgrpo_jax.model import abstract_model
+
+    cfg = get_model_config("qwen3-30b-a3b")
+    mesh = make_mesh({"fsdp": 2, "expert": 4})
+    graphdef, state = abstract_model(cfg, mesh)
+    assert state["layers"]["expert_down"].sharding.spec == jax.sharding.PartitionSpec(None, "expert", None, "fsdp")
+    tok = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+
+    def fwd(state, tok):
+        model = nnx.merge(graphdef, state)
+        pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+        return model(tok, pos, router_stats=True)
+
+    logits, _, stats = jax.eval_shape(fwd, state, tok)
+    assert logits.shape == (2, 16, cfg.vocab_size) and stats.expert_tokens.shape == (128,)
