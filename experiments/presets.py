@@ -150,7 +150,9 @@ def paper(c) -> None:
         # Experts over an 8-way `expert` axis, every parameter FSDP over the rest (mgrpo_jax/model/moe.py);
         # planned by `python -m mgrpo_jax.bench.plan` (README).
         agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 8})
-
+        # One 32k-token row per chip per micro-batch: the rows split over data x fsdp x expert (32 chips: the
+        # sub-agent's 128 rows in 4 micro-batches; the main agent's 16 in 4, over data x fsdp only).
+        agent.micro_batches = 4
 
 def paper_dense(c) -> None:
     """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class dense models, for a

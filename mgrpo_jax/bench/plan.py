@@ -216,8 +216,9 @@ def per_chip_bytes(compiled) -> dict:
 
 def micro_for(plan: Plan, mesh: Mesh) -> int:
     """The config's micro-batch count, lowered where the mesh has more row shards than its micro-batches have
-    rows (one row per shard then)."""
-    shards = batch_shards(mesh)
+    rows (one row per shard then). Row shards: data x fsdp x expert (the model splits the rows over the expert
+    axis too, mgrpo_jax/model/moe.py)."""
+    shards = batch_shards(mesh, ("data", "fsdp", "expert"))
     micro = plan.micro_batches
     if plan.train_rows % (micro * shards):
         micro = max(1, plan.train_rows // shards)

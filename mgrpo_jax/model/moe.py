@@ -18,10 +18,12 @@ is formed by :func:`tiled_ragged_dot`: each expert's rows padded to whole tiles,
 tiles with each tile's expert matrix (same values; at most ``E (tile - 1)`` padding rows of extra work).
 
 **Expert parallelism.** With an ``expert`` mesh axis (and the rules placing the ``experts`` logical axis on it,
-``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis:
-every device sees all (token, expert) pairs of its row shard, multiplies the contiguous run of rows routed to
-its own experts, and the partial outputs are summed over the axis (one ``psum`` of ``[N k, D]`` per layer). The
-other mesh axes (FSDP, tensor) stay automatic.
+``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis
+(the other mesh axes, FSDP and tensor, stay automatic). The token rows are split over the axis too (the batch
+rules include it): each device gathers its group's tokens from the axis, routes them, multiplies the contiguous
+run of sorted rows routed to its own experts, and the partial outputs are summed and scattered back to their
+devices (``all_gather`` of ``[N, D]`` and ``psum_scatter`` of ``[N, D]`` per layer). Where the rows do not
+divide over the axis they stay whole on every device of it and the outputs are summed (``psum``).
 
 **Routing statistics** (``RouterStats``, per layer, over the real tokens of ``token_mask``): how many top-k
 assignments each expert got, the sum of each expert's router probability, and the token count. Summed over
@@ -109,20 +111,49 @@ def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Arr
     return matmul(jax.nn.silu(g) * u, down, group_sizes)
 
 
-def _local_experts(xs, gate, up, down, group_sizes, first_expert, method):
-    """``_swiglu_experts`` on one device of the ``expert`` axis: only the rows of its own experts (a contiguous
-    run of the sorted rows from ``first_expert [1]`` on), others 0; summed over the axis. (The first expert comes
-    as an input split over the axis, not from ``axis_index``: the TPU partitioner rejects the partition id in a
-    partly manual computation.)"""
+def _local_experts(xs, gate, up, down, group_sizes, first, method):
+    """``_swiglu_experts`` over the experts ``first ..`` of ``gate`` / ``up`` / ``down`` (one device's share of
+    the ``expert`` axis): their rows are a contiguous run of the sorted rows; the others come back 0."""
     n_local = gate.shape[0]
-    first = first_expert[0]
-    starts = jnp.cumsum(group_sizes) - group_sizes
-    start = starts[first]
+    start = (jnp.cumsum(group_sizes) - group_sizes)[first]
     local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (n_local,))
-    rows = jnp.roll(xs, -start, axis=0)
-    out = _swiglu_experts(rows, gate, up, down, local_sizes, method)
+    out = _swiglu_experts(jnp.roll(xs, -start, axis=0), gate, up, down, local_sizes, method)
     out = jnp.where((jnp.arange(xs.shape[0]) < jnp.sum(local_sizes))[:, None], out, 0)
-    return jax.lax.psum(jnp.roll(out, start, axis=0), EXPERT_AXIS)
+    return jnp.roll(out, start, axis=0)
+
+
+def _routed(cfg: ModelConfig, method: str, x, mask, router, gate, up, down, first):
+    """Tokens ``x [N, D]`` through the experts ``first ..`` of ``gate`` / ``up`` / ``down`` (all of them when
+    ``first`` is None): ``(y [N, D], RouterStats)``."""
+    k, E = cfg.num_experts_per_tok, cfg.num_experts
+    probs, weights, experts = route(x, router, cfg)
+    flat = experts.reshape(-1)  # pair p = n * k + j
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    xs = jnp.take(x, order // k, axis=0)
+    if first is None:
+        ys = _swiglu_experts(xs, gate, up, down, group_sizes, method)
+    else:
+        ys = _local_experts(xs, gate, up, down, group_sizes, first, method)
+    y = jnp.take(ys, jnp.argsort(order), axis=0).reshape(x.shape[0], k, -1)  # back to pair order
+    y = jnp.einsum("nkd,nk->nd", y, weights.astype(y.dtype))
+    m = mask.astype(jnp.float32)
+    counts = jnp.zeros((E,), jnp.float32).at[flat].add(jnp.repeat(m, k))
+    return y, RouterStats(counts, jnp.einsum("ne,n->e", probs, m), jnp.sum(m))
+
+
+def _expert_shard(cfg, method, split_tokens, x, mask, router, gate, up, down, first_expert):
+    """One device of the ``expert`` axis (under ``shard_map``): its tokens gathered from the axis when they are
+    split over it, routed through its own experts, the partial outputs summed over the axis (and scattered
+    back to each device's tokens). ``first_expert [1]`` is an input split over the axis, not ``axis_index``:
+    the TPU partitioner rejects the partition id in a partly manual computation."""
+    if split_tokens:
+        x = jax.lax.all_gather(x, EXPERT_AXIS, axis=0, tiled=True)
+        mask = jax.lax.all_gather(mask, EXPERT_AXIS, axis=0, tiled=True)
+    y, stats = _routed(cfg, method, x, mask, router, gate, up, down, first_expert[0])
+    if split_tokens:
+        return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True), stats
+    return jax.lax.psum(y, EXPERT_AXIS), stats
 
 
 def _expert_parallel(mr: MeshRules | None, shape: tuple[int, ...]) -> bool:
@@ -146,35 +177,24 @@ def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token
     """The MoE block over ``h [B, T, D]`` with one layer's weights ``w`` (``MOE_PARAMS``, compute dtype):
     ``(y [B, T, D], RouterStats)``; ``token_mask [B, T]`` bool marks the tokens the statistics count."""
     B, T, D = h.shape
-    k, E = cfg.num_experts_per_tok, cfg.num_experts
-    x = h.reshape(B * T, D)
-    probs, weights, experts = route(x, w["router"], cfg)
-    flat = experts.reshape(-1)  # pair p = n * k + j
-    order = jnp.argsort(flat, stable=True)
-    group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
-    xs = jnp.take(x, order // k, axis=0)
+    x, mask = h.reshape(B * T, D), token_mask.reshape(B * T)
+    weights = (w["router"], w["expert_gate"], w["expert_up"], w["expert_down"])
     method = matmul_method(cfg, mr)
-    if _expert_parallel(mr, w["expert_gate"].shape):
-        expert_spec = PartitionSpec(EXPERT_AXIS)
-        n_shards = mr.mesh.shape[EXPERT_AXIS]
-        first_experts = jnp.arange(n_shards, dtype=jnp.int32) * (E // n_shards)
-        local = jax.shard_map(functools.partial(_local_experts, method=method), mesh=mr.mesh,
-                              axis_names={EXPERT_AXIS},
-                              in_specs=(PartitionSpec(), expert_spec, expert_spec, expert_spec, PartitionSpec(),
-                                        expert_spec),
-                              out_specs=PartitionSpec(), check_vma=False)
-        def run(*args):
-            return local(*args, first_experts)
-    else:
-        run = functools.partial(_swiglu_experts, method=method)
-    ys = run(xs, w["expert_gate"], w["expert_up"], w["expert_down"], group_sizes)
-    inverse = jnp.argsort(order)  # back to pair order
-    y = jnp.take(ys, inverse, axis=0).reshape(B * T, k, D)
-    y = jnp.einsum("nkd,nk->nd", y, weights.astype(y.dtype))
-
-    m = token_mask.reshape(-1).astype(jnp.float32)
-    counts = jnp.zeros((E,), jnp.float32).at[flat].add(jnp.repeat(m, k))
-    stats = RouterStats(counts, jnp.einsum("ne,n->e", probs, m), jnp.sum(m))
+    if not _expert_parallel(mr, w["expert_gate"].shape):
+        y, stats = _routed(cfg, method, x, mask, *weights, None)
+        return y.reshape(B, T, D), stats
+    n_shards = mr.mesh.shape[EXPERT_AXIS]
+    # The rows go in as the rules split them: over the expert axis too (then gathered in the block) when the
+    # batch rule includes it and the rows divide; else whole on every device of the axis.
+    split_tokens = EXPERT_AXIS in jax.tree.leaves(tuple(mr.spec(("act_batch",), (B,))))
+    rows = PartitionSpec(EXPERT_AXIS) if split_tokens else PartitionSpec()
+    experts = PartitionSpec(EXPERT_AXIS)
+    first_experts = jnp.arange(n_shards, dtype=jnp.int32) * (cfg.num_experts // n_shards)
+    run = jax.shard_map(functools.partial(_expert_shard, cfg, method, split_tokens), mesh=mr.mesh,
+                        axis_names={EXPERT_AXIS},
+                        in_specs=(rows, rows, PartitionSpec(), experts, experts, experts, experts),
+                        out_specs=(rows, PartitionSpec()), check_vma=False)
+    y, stats = run(x, mask, *weights, first_experts)
     return y.reshape(B, T, D), stats
 
 
