@@ -153,6 +153,9 @@ def paper(c) -> None:
         # One 32k-token row per chip per micro-batch: the rows split over data x fsdp x expert (32 chips: the
         # sub-agent's 128 rows in 4 micro-batches; the main agent's 16 in 4, over data x fsdp only).
         agent.micro_batches = 4
+        # The MoE block in chunks of one row's tokens: its dropless dispatch buffers are N * 8 rows of the tokens
+        # gathered over the expert axis (8 rows of 32k per chip in the train step) without it.
+        agent.model_overrides.moe_chunk = 32_768
 
 def paper_dense(c) -> None:
     """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class dense models, for a

@@ -80,6 +80,9 @@ class ModelConfig:
     # same product as one batched matmul over expert-aligned tiles: XLA:CPU runs ragged_dot as a masked
     # product with every expert), 'auto' (tiles on the CPU, ragged_dot on TPU / GPU).
     moe_matmul: Literal["auto", "ragged_dot", "tiles"] = "auto"
+    # Tokens per MoE chunk (0: all at once): the dropless block sorts N * num_experts_per_tok (token, expert)
+    # rows; chunks of C tokens, each rematerialised, bound those buffers by C (moe.py).
+    moe_chunk: int = 0
 
     def __post_init__(self):
         if self.family not in _FAMILIES:

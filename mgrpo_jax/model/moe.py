@@ -142,6 +142,19 @@ def _routed(cfg: ModelConfig, method: str, x, mask, router, gate, up, down, firs
     return y, RouterStats(counts, jnp.einsum("ne,n->e", probs, m), jnp.sum(m))
 
 
+def _routed_in_chunks(cfg: ModelConfig, method: str, x, mask, router, gate, up, down, first):
+    """``_routed`` over chunks of ``cfg.moe_chunk`` tokens under ``lax.map``, each rematerialised in the backward
+    pass (tokens are routed independently: same values), so the sorted pairs and the experts' activations never
+    exceed one chunk's; all at once without a chunk size or where it does not divide the tokens."""
+    C, N = cfg.moe_chunk, x.shape[0]
+    if not C or N <= C or N % C:
+        return _routed(cfg, method, x, mask, router, gate, up, down, first)
+    one = jax.checkpoint(lambda xm: _routed(cfg, method, xm[0], xm[1], router, gate, up, down, first),
+                         prevent_cse=False)
+    y, stats = jax.lax.map(one, (x.reshape(N // C, C, -1), mask.reshape(N // C, C)))
+    return y.reshape(N, -1), jax.tree.map(lambda a: a.sum(0), stats)
+
+
 def _expert_shard(cfg, method, split_tokens, x, mask, router, gate, up, down, first_expert):
     """One device of the ``expert`` axis (under ``shard_map``): its tokens gathered from the axis when they are
     split over it, routed through its own experts, the partial outputs summed over the axis (and scattered
@@ -150,7 +163,7 @@ def _expert_shard(cfg, method, split_tokens, x, mask, router, gate, up, down, fi
     if split_tokens:
         x = jax.lax.all_gather(x, EXPERT_AXIS, axis=0, tiled=True)
         mask = jax.lax.all_gather(mask, EXPERT_AXIS, axis=0, tiled=True)
-    y, stats = _routed(cfg, method, x, mask, router, gate, up, down, first_expert[0])
+    y, stats = _routed_in_chunks(cfg, method, x, mask, router, gate, up, down, first_expert[0])
     if split_tokens:
         return jax.lax.psum_scatter(y, EXPERT_AXIS, scatter_dimension=0, tiled=True), stats
     return jax.lax.psum(y, EXPERT_AXIS), stats
@@ -181,7 +194,7 @@ def moe_mlp(cfg: ModelConfig, mr: MeshRules | None, w: dict, h: jax.Array, token
     weights = (w["router"], w["expert_gate"], w["expert_up"], w["expert_down"])
     method = matmul_method(cfg, mr)
     if not _expert_parallel(mr, w["expert_gate"].shape):
-        y, stats = _routed(cfg, method, x, mask, *weights, None)
+        y, stats = _routed_in_chunks(cfg, method, x, mask, *weights, None)
         return y.reshape(B, T, D), stats
     n_shards = mr.mesh.shape[EXPERT_AXIS]
     # The rows go in as the rules split them: over the expert axis too (then gathered in the block) when the

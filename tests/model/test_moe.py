@@ -327,3 +327,24 @@ def test_paper_scale_moe_traces_abstractly_on_an_expert_mesh():
 
     logits, _, stats = jax.eval_shape(fwd, state, tok)
     assert logits.shape == (2, 16, cfg.vocab_size) and stats.expert_tokens.shape == (128,)
+
+
+def test_token_chunks_give_the_same_values_statistics_and_gradients():
+    cfg = _cfg(n_layers=1)
+    chunked = dataclasses.replace(cfg, moe_chunk=4)
+    tok, pos = _tokens(T=8)
+    mask = np.ones(tok.shape, bool)
+    mask[1, 5:] = False
+    whole, parts = Transformer(cfg, rngs=nnx.Rngs(4)), Transformer(chunked, rngs=nnx.Rngs(4))
+
+    def loss(model):
+        logits, _, stats = model(jnp.asarray(tok), jnp.asarray(pos), attention_mask=jnp.asarray(mask),
+                                 router_stats=True)
+        return jnp.sum(logits[..., :4] ** 2) + load_balancing_loss(stats, cfg.num_experts), stats
+
+    (l1, s1), g1 = nnx.value_and_grad(loss, has_aux=True)(whole)
+    (l2, s2), g2 = nnx.value_and_grad(loss, has_aux=True)(parts)
+    assert abs(float(l1) - float(l2)) < 1e-4 and float(s2.tokens) == mask.sum()
+    np.testing.assert_allclose(np.asarray(s1.expert_tokens), np.asarray(s2.expert_tokens))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
