@@ -9,8 +9,9 @@ A preset is a function that edits the defaults (`mgrpo_jax.config.base_config`) 
   local   runs on a laptop CPU: the compact world (env.grammar=compact), warm start until the agents keep the
           format, then RL, in about 10 minutes on 2 cores.
   figures the compact system for experiments/figures (stage 1, stage 2, avg@3 evaluations).
-  paper   the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models,
-          for a TPU pod slice.
+  paper   the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL) and its model,
+          Qwen3-30B-A3B (mixture of experts, expert-parallel) for both agents, for a TPU pod slice.
+  paper_dense  the same settings with a dense 8B model (Qwen3-8B shape) for both agents.
 
 `compact` (the compact world, grammar and model sized for a CPU) and `small_world` are building blocks of the
 presets above. A new preset is a function in an experiment file (for one benchmark) or here (for all of them),
@@ -141,8 +142,24 @@ def figures(c) -> None:
 
 
 def paper(c) -> None:
-    """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class models, for a TPU
-    pod slice."""
+    """The paper's settings and its model, Qwen3-30B-A3B (128 experts, 8 per token) for both agents, for a TPU pod
+    slice: 32 chips per agent (v5p-64 for the pair, the paper's 32 GPUs per agent)."""
+    paper_dense(c)
+    for agent in (c.main, c.sub, c.single):
+        agent.model = "qwen3-30b-a3b"
+        # Experts over an 8-way `expert` axis, every parameter FSDP over the rest (mgrpo_jax/model/moe.py);
+        # planned by `python -m mgrpo_jax.bench.plan` (README).
+        agent.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 8})
+        # One 32k-token row per chip per micro-batch: the rows split over data x fsdp x expert (32 chips: the
+        # sub-agent's 128 rows in 4 micro-batches; the main agent's 16 in 4, over data x fsdp only).
+        agent.micro_batches = 4
+        # The MoE block in chunks of one row's tokens: its dropless dispatch buffers are N * 8 rows of the tokens
+        # gathered over the expert axis (8 rows of 32k per chip in the train step) without it.
+        agent.model_overrides.moe_chunk = 32_768
+
+def paper_dense(c) -> None:
+    """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class dense models, for a
+    TPU pod slice."""
     c.env.n_entities = 10_000
     c.tokenizer.vocab_size = 32_000
     for agent in (c.main, c.sub, c.single):

@@ -31,7 +31,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
-PRESETS = ("smoke", "local", "figures", "paper")
+PRESETS = ("smoke", "local", "figures", "paper", "paper_dense")
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
 
@@ -40,10 +40,14 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.model = model  # a preset of mgrpo_jax.model.config.get_model_config
     agent.model_overrides = ml_collections.ConfigDict()
     agent.init_from = ""  # a Hugging Face checkpoint directory (safetensors + config.json), optional
-    agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})  # -1: the rest
+    # -1: the rest; `expert`: expert parallelism of mixture-of-experts models (mgrpo_jax/model/moe.py)
+    agent.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "expert": 1})
     # How parameters and activations map onto the mesh axes: a rule set of mgrpo_jax.model.sharding.RULE_SETS
     # (default: FSDP over `fsdp` plus tensor parallelism over `tensor`).
     agent.sharding_rules = "default"
+    # Weight of the MoE router's load-balancing loss in the train steps (unset: the model's router_aux_loss_coef;
+    # dense models have no router and ignore it).
+    agent.router_aux_loss_coef = ml_collections.config_dict.placeholder(float)
     agent.context_tokens = context_tokens  # episode budget; also the train step's sequence length
     agent.max_turns = max_turns
     agent.micro_batches = 1
@@ -333,6 +337,8 @@ def _check_agent(p: _Problems, name: str) -> None:
     for field in ("context_tokens", "max_turns", "micro_batches", "decode_phases", "passes"):
         p.number(f"{name}.{field}", 1)
     p.number(f"{name}.warmstart_steps", 0)
+    if p.get(f"{name}.router_aux_loss_coef") is not None:
+        p.number(f"{name}.router_aux_loss_coef", 0)
     mesh = p.get(f"{name}.mesh")
     if mesh is not _MISSING:
         sizes = dict(mesh.items())

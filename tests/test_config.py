@@ -55,7 +55,10 @@ def test_paper_preset_carries_the_paper_settings():
     assert tuple(c.rewards.alpha) == (0.1, 0.9) and tuple(c.rewards.beta) == (0.1, 0.4, 0.5)
     assert c.main.loss == "grpo" and c.main.loss_hparams.eps_low is None and c.main.loss_hparams.kl_coef == 0
     assert (loss_defaults("grpo")["eps_low"], loss_defaults("grpo")["eps_high"]) == (0.2, 0.28)  # the paper's clip
-    assert c.main.model == "qwen3-8b" and c.sub.model == "qwen3-8b"
+    assert c.main.model == "qwen3-30b-a3b" and c.sub.model == "qwen3-30b-a3b"  # the paper's model (issue 18)
+    assert c.main.mesh.expert == c.sub.mesh.expert == 8
+    dense = get_config("xbench", "paper_dense")
+    assert dense.main.model == "qwen3-8b" and dense.sub.model == "qwen3-8b"
 
 
 def test_new_fields_have_their_defaults():

@@ -2,8 +2,15 @@
 
     python -m mgrpo_jax.bench.model            # the fixed 'bench' shape (issue 3 part 6)
     python -m mgrpo_jax.bench.model --quick    # tiny sizes, seconds (what the test runs)
+    python -m mgrpo_jax.bench.model --shape=moe  # the mixture-of-experts shape 'bench-moe' vs HF Qwen3-MoE
 
 Shape: Qwen-3 style, vocab 2048, d_model 256, 4 layers, 4 query / 2 KV heads, head_dim 64, MLP 1024, f32.
+``--shape=moe``: the same with every MLP a mixture of 8 SwiGLU experts of width 512, 2 per token (the preset
+``bench-moe``: the active parameters of ``bench`` plus the router), against ``transformers``
+``Qwen3MoeForCausalLM`` of that shape, then our dense ``bench`` shape (equal active parameters) without the
+peer, in the same run. Its JSON names the MoE figures ``moe_*`` / ``hf_moe_*`` (``moe_train_tokens_per_s``,
+``hf_moe_train_tokens_per_s``, ``moe_decode_tokens_per_s``, ``hf_moe_decode_tokens_per_s``,
+``moe_train_vs_hf``, ``moe_decode_vs_hf``) and the dense ones ``dense_*``.
 
 What is timed. Everything is built, compiled and warmed up first; then ``--repeats`` rounds each time
 every workload once, back to back, in the order: matmul peak, our decode at batch 32, the peer's
@@ -86,6 +93,13 @@ class BenchSizes:
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
                    train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
                    decode_devices=2, train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
+# --shape=moe: the MoE preset, then the dense preset of equal active parameters (ours only).
+SHAPES = {"dense": ("bench", None), "moe": ("bench-moe", "bench")}
+QUICK_SHAPES = {"dense": ("tiny", None), "moe": ("qwen3-moe-tiny", "tiny")}
+# The MoE run's figures under these names (the dense run's get "dense_" before theirs).
+MOE_KEYS = {"train_tokens_per_s": "moe_train_tokens_per_s", "hf_train_tokens_per_s": "hf_moe_train_tokens_per_s",
+            "decode_tokens_per_s": "moe_decode_tokens_per_s", "hf_decode_tokens_per_s": "hf_moe_decode_tokens_per_s",
+            "train_vs_hf": "moe_train_vs_hf", "decode_vs_hf": "moe_decode_vs_hf"}
 
 
 # --------------------------------------------------------------------------------------------- peak
@@ -116,10 +130,13 @@ def build_model(cfg, seed: int = 0) -> Transformer:
 
 
 def train_flops_per_token(cfg, seq: int) -> float:
-    """Model FLOPs of forward + backward per token (see module docstring)."""
+    """Model FLOPs of forward + backward per token (see module docstring; an MoE layer counts its router and
+    the ``num_experts_per_tok`` experts a token runs through)."""
     d, h, kv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
-    per_layer = d * h * dh * 2 + d * kv * dh * 2 + 3 * d * f
-    matmul_params = cfg.n_layers * per_layer + d * cfg.vocab_size
+    n_moe = sum(cfg.moe_layers)
+    moe_mlp = d * cfg.num_experts + cfg.num_experts_per_tok * 3 * d * cfg.moe_intermediate_size
+    matmul_params = (cfg.n_layers * (d * h * dh * 2 + d * kv * dh * 2) + (cfg.n_layers - n_moe) * 3 * d * f
+                     + n_moe * moe_mlp + d * cfg.vocab_size)
     attention = cfg.n_layers * 4 * seq * h * dh  # QK^T and PV over the full square, forward, per token
     c = cfg.causal_block
     if c and seq > c and seq % c == 0:  # the blocks on and below the diagonal only (model.attention)
@@ -239,26 +256,33 @@ def setup_ours(cfg, sizes: BenchSizes) -> tuple[list[Case], dict]:
 
 
 def hf_config(cfg):
-    from transformers import Qwen3Config
+    """The peer's config: ``Qwen3Config``, or ``Qwen3MoeConfig`` for an MoE shape."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
-    return Qwen3Config(
+    common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_dim,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
         rope_parameters={"rope_theta": cfg.rope_theta, "rope_type": "default"},
         tie_word_embeddings=cfg.tie_embeddings, max_position_embeddings=8192, pad_token_id=0,
         bos_token_id=None, eos_token_id=None)
+    if not cfg.num_experts:
+        return Qwen3Config(**common)
+    return Qwen3MoeConfig(**common, num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                          moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                          decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers))
 
 
 def setup_hf(cfg, sizes: BenchSizes, threads: int = 2) -> tuple[list[Case], dict]:
-    """The peer: ``transformers`` Qwen3 of the same shape on PyTorch CPU, warmed up."""
+    """The peer: ``transformers`` Qwen3 (Qwen3-MoE for an MoE shape) of the same shape on PyTorch CPU, warmed
+    up."""
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     info: dict = {"hf_threads": threads, "torch_version": torch.__version__}
-    model = Qwen3ForCausalLM(hf_config(cfg)).float()
+    model = (Qwen3MoeForCausalLM if cfg.num_experts else Qwen3ForCausalLM)(hf_config(cfg)).float()
     rng = np.random.default_rng(0)
     B, P, N = sizes.hf_decode_batch, sizes.prompt_len, sizes.new_tokens
     prompts = torch.tensor(rng.integers(0, cfg.vocab_size, size=(B, P)), dtype=torch.long)
@@ -372,6 +396,8 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); for tests")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="dense",
+                        help="dense: the bench shape; moe: bench-moe against HF Qwen3-MoE, then dense bench")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--decode-phases", type=int, default=None,
@@ -392,7 +418,13 @@ def main(argv=None) -> dict:
             sizes = dataclasses.replace(sizes, **{field: value})
     sizes = dataclasses.replace(sizes, decode_devices=sizes.decode_devices or os.cpu_count() or 1)
     host_devices(sizes.decode_devices)  # before JAX runs anything
-    figures = run(sizes, hf=not args.no_hf)
+    preset, dense_preset = (QUICK_SHAPES if args.quick else SHAPES)[args.shape]
+    figures = run(dataclasses.replace(sizes, preset=preset), hf=not args.no_hf)
+    if dense_preset is not None:
+        figures = {MOE_KEYS.get(k, f"moe_{k}"): v for k, v in figures.items()}
+        dense = run(dataclasses.replace(sizes, preset=dense_preset), hf=False)
+        figures.update({f"dense_{k}": v for k, v in dense.items() if not k.startswith("hf_")})
+        figures["shape"] = args.shape
     for k, v in figures.items():
         if isinstance(v, float):
             print(f"{k:>28s}: {v:,.4g}")

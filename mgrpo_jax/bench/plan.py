@@ -1,7 +1,10 @@
 """Compiled plans for TPU pods, made here without a TPU: per-chip memory of the paper-scale agent's programs.
 
-    python -m mgrpo_jax.bench.plan                 # the paper preset on v5p-128, v5e-64, v6e-64, v6e-256
-    python -m mgrpo_jax.bench.plan --size=small    # a tiny model on a 4-chip v5e, for CI (seconds)
+    python -m mgrpo_jax.bench.plan                      # the paper preset (Qwen3-30B-A3B) on v5p-64, v5p-128,
+                                                        # v6e-64, v6e-256
+    python -m mgrpo_jax.bench.plan --size=paper_dense   # the dense 8B preset on v5p-128, v5e-64, v6e-64, v6e-256
+    python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
+    python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
 
 Needs libtpu (`pip install -r requirements-tpu.txt`); jax itself keeps running on the CPU. For each pod
 topology, `jax.experimental.topologies.get_topology_desc` gives the slice's abstract TPU devices, the agent's
@@ -20,9 +23,13 @@ rest for the runtime, fragmentation and the other programs' buffers; `margin` is
 Where a program needs more than HBM the TPU compiler refuses it (RESOURCE_EXHAUSTED) and says what it had
 counted: the table shows that as a lower bound (">20.92").
 
-The paper preset's sub-agent is the larger of the two (Q*K*D = 128 rows per RL step against the main agent's
-Q*K = 16), so its shapes are planned; the main agent's micro-batches have the same shape (16 rows). The
-vocabulary is the checkpoint's own (151,936 for Qwen3-8B, what `init_from` a real checkpoint gives). Where a
+The `paper` preset's agents are Qwen3-30B-A3B (mixture of experts: 48 layers, 128 experts, 8 per token), its
+experts split over the mesh's `expert` axis (mgrpo_jax/model/moe.py); its JSON keys start `paper_moe_`
+(`paper_moe_train_gib_per_chip_v5p64`, `paper_moe_fits_v5p64`: v5p-64 is 32 chips, the paper's 32 GPUs per agent).
+`paper_dense` is the dense 8B shape (keys `paper_dense_`). The sub-agent is the larger of the two (Q*K*D = 128
+rows per RL step against the main agent's Q*K = 16), so its shapes are planned; the main agent's micro-batches
+have the same shape (16 rows). The vocabulary is the checkpoint's own (151,936 for Qwen3-8B and Qwen3-30B-A3B,
+what `init_from` a real checkpoint gives). Where a
 topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
 one row per shard (the `micro` column). Last line: one JSON object.
 """
@@ -53,8 +60,12 @@ from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make
 GIB = 1024**3
 HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v6e": 32.0, "v4": 32.0}
 # name -> topology as get_topology_desc spells it (v5p counts TensorCores in its name: v5p-128 = 64 chips).
-PAPER_TOPOLOGIES = {"v5p-128": "v5p:4x4x4", "v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16"}
+PAPER_TOPOLOGIES = {"v5p-64": "v5p:4x4x2", "v5p-128": "v5p:4x4x4", "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16"}
+PAPER_DENSE_TOPOLOGIES = {"v5p-128": "v5p:4x4x4", "v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16"}
 SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
+# --size -> (topologies, prefix of its JSON keys)
+SIZES = {"paper": (PAPER_TOPOLOGIES, "paper_moe"), "paper_dense": (PAPER_DENSE_TOPOLOGIES, "paper_dense"),
+         "small": (SMALL_TOPOLOGIES, "small"), "small_moe": (SMALL_TOPOLOGIES, "small_moe")}
 PROGRAMS = ("train", "prefill", "decode")
 
 
@@ -75,9 +86,10 @@ class Plan:
     rules: tuple = DEFAULT_RULES  # the sharding rule set (`agent.sharding_rules`)
 
 
-def paper_plan(agent: str = "sub") -> Plan:
-    """The `paper` preset's agent (default: the sub-agent, the larger batch) with the checkpoint's vocabulary."""
-    c = get_config("xbench", "paper")
+def paper_plan(agent: str = "sub", preset: str = "paper") -> Plan:
+    """The `paper` (or `paper_dense`) preset's agent (default: the sub-agent, the larger batch) with the
+    checkpoint's vocabulary."""
+    c = get_config("xbench", preset)
     a = c[agent]
     model = get_model_config(a.model, **a.model_overrides.to_dict())
     rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
@@ -93,6 +105,15 @@ def small_plan() -> Plan:
                              head_dim=64, mlp_dim=512, remat=True, dtype="bfloat16", attn_chunk=128)
     return Plan(model, {"data": 1, "fsdp": -1, "tensor": 2}, a.optim, a.loss, dict(a.loss_hparams), 8, 2, 512,
                 8, 64)
+
+
+def small_moe_plan() -> Plan:
+    """``small_plan`` with every MLP a mixture of 8 experts (2 per token) split over a 2-way ``expert`` axis."""
+    plan = small_plan()
+    model = get_model_config("qwen3-30b-a3b", vocab_size=2048, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                             head_dim=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                             attn_chunk=128)
+    return dataclasses.replace(plan, model=model, mesh={"data": 1, "fsdp": -1, "tensor": 1, "expert": 2})
 
 
 def topology_devices(topology: str) -> list:
@@ -195,8 +216,9 @@ def per_chip_bytes(compiled) -> dict:
 
 def micro_for(plan: Plan, mesh: Mesh) -> int:
     """The config's micro-batch count, lowered where the mesh has more row shards than its micro-batches have
-    rows (one row per shard then)."""
-    shards = batch_shards(mesh)
+    rows (one row per shard then). Row shards: data x fsdp x expert (the model splits the rows over the expert
+    axis too, mgrpo_jax/model/moe.py)."""
+    shards = batch_shards(mesh, ("data", "fsdp", "expert"))
     micro = plan.micro_batches
     if plan.train_rows % (micro * shards):
         micro = max(1, plan.train_rows // shards)
@@ -253,7 +275,7 @@ def _key(name: str) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=("paper", "small"), default="paper")
+    parser.add_argument("--size", choices=tuple(SIZES), default="paper")
     parser.add_argument("--topologies", default="", help="comma-separated names (default: all of the size's)")
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--agent", choices=("main", "sub"), default="sub", help="paper size: which agent's shapes")
@@ -261,9 +283,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--model_overrides", default="", help="e.g. attn_chunk=0,remat=False (ints / bools)")
     args = parser.parse_args(argv)
 
-    table = SMALL_TOPOLOGIES if args.size == "small" else PAPER_TOPOLOGIES
+    table, prefix = SIZES[args.size]
     names = [n for n in args.topologies.split(",") if n] or list(table)
-    plan = small_plan() if args.size == "small" else paper_plan(args.agent)
+    small = {"small": small_plan, "small_moe": small_moe_plan}
+    plan = small[args.size]() if args.size in small else paper_plan(args.agent, args.size)
     if args.model_overrides:
         overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
         parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
@@ -271,12 +294,13 @@ def main(argv=None) -> dict:
         plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, **parsed))
     programs = tuple(p for p in args.programs.split(",") if p)
     m = plan.model
-    print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters "
+    experts = f" ({m.num_experts} experts, {m.num_params(active=True) / 1e9:.2f}B active)" if m.num_experts else ""
+    print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters{experts} "
           f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}); train "
           f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
           f"{plan.seq_len - plan.max_new} + {plan.max_new} new; mesh {plan.mesh}; fits = at most "
           f"{args.fit_fraction:.0%} of HBM", flush=True)
-    header = f"{'topology':<9} {'chips':>5} {'mesh (data,fsdp,tensor)':<24} {'program':<8} {'micro':>5} " \
+    header = f"{'topology':<9} {'chips':>5} {'mesh (' + ','.join(plan.mesh) + ')':<24} {'program':<8} {'micro':>5} " \
              f"{'GiB/chip':>9} {'HBM':>5} {'fits':>5} {'margin':>7} {'compile s':>9}"
     print(header)
     rows = []
@@ -289,7 +313,6 @@ def main(argv=None) -> dict:
                   f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
                   f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
 
-    prefix = args.size
     figures = {"size": args.size, "fit_fraction": args.fit_fraction, "params_b": m.num_params() / 1e9,
                "seq_len": plan.seq_len, "train_rows": plan.train_rows}
     for row in rows:

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint import / export (Llama, Qwen2, Qwen3, Gemma) in safetensors format.
+"""Hugging Face checkpoint import / export (Llama, Qwen2, Qwen3, Qwen3-MoE, Gemma) in safetensors format.
 
 - ``config_from_hf(d)`` / ``config_to_hf(cfg)``: ``config.json`` <-> ``ModelConfig``.
 - ``load_hf(path, mesh=None, rules=..., **overrides) -> Transformer``: reads ``config.json`` and
@@ -11,6 +11,10 @@
 Layout. HF linear weights are ``[out, in]``; ours are ``[in, ...]`` with heads split out:
 ``q_proj [H*Dh, D] -> q [D, H, Dh]``, ``o_proj [D, H*Dh] -> o [H, Dh, D]``, ``gate/up [F, D] -> [D, F]``,
 ``down [D, F] -> [F, D]``, ``lm_head [V, D] -> [D, V]``, per-layer tensors stacked on a leading axis.
+Qwen3-MoE: ``mlp.gate [E, D] -> router [D, E]``, each expert's ``mlp.experts.{e}.gate_proj/up_proj/down_proj``
+(the hub's per-expert names, which transformers also writes) transposed like the dense MLP and stacked into
+``expert_gate/expert_up [E, D, F]``, ``expert_down [E, F, D]``; the dense layers' MLP (``mlp_only_layers``)
+stacked over those layers only.
 RoPE: our rotary embedding uses the same "rotate_half" pairing as HF (dims ``i`` and ``i + Dh/2``), so
 q/k weights are taken as they are, with no permutation. Gemma's RMSNorm weights are stored as ``w`` in
 ``x * (1 + w)`` by both, so they copy unchanged.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -41,8 +46,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.moe import MOE_PARAMS
 from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, logical_to_spec
-from mgrpo_jax.model.transformer import LAYER_PARAMS, PARAM_AXES, Transformer, param_shapes
+from mgrpo_jax.model.transformer import DENSE_MLP_PARAMS, LAYER_PARAMS, PARAM_AXES, Transformer, param_shapes
 
 # ---------------------------------------------------------------------------------------------------
 # safetensors files (through the `safetensors` library; local paths or gs:// URLs)
@@ -153,9 +159,11 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
 # ---------------------------------------------------------------------------------------------------
 # config.json <-> ModelConfig
 
-_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+                "qwen3_moe": "qwen3_moe"}
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-         "gemma": "GemmaForCausalLM"}
+         "gemma": "GemmaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+_QWEN3 = ("qwen3", "qwen3_moe")  # families with QK-norm
 
 
 def _rope(d: dict) -> tuple[float, tuple | None]:
@@ -172,7 +180,7 @@ def _rope(d: dict) -> tuple[float, tuple | None]:
 
 
 def config_from_hf(d: dict, **overrides) -> ModelConfig:
-    """``ModelConfig`` from a Hugging Face ``config.json`` dict (Llama / Qwen2 / Qwen3 / Gemma)."""
+    """``ModelConfig`` from a Hugging Face ``config.json`` dict (Llama / Qwen2 / Qwen3 / Qwen3-MoE / Gemma)."""
     mtype = d.get("model_type")
     if mtype not in _MODEL_TYPES:
         raise NotImplementedError(f"model_type {mtype!r} is not supported (have {sorted(_MODEL_TYPES)})")
@@ -181,9 +189,9 @@ def config_from_hf(d: dict, **overrides) -> ModelConfig:
         raise NotImplementedError("mlp_bias=True is not supported")
     if family == "llama" and d.get("attention_bias"):
         raise NotImplementedError("attention_bias=True (Llama) is not supported")
-    if family in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+    if family in ("qwen2", *_QWEN3) and d.get("use_sliding_window"):
         raise NotImplementedError("sliding-window attention is not supported")
-    if family == "qwen3" and d.get("attention_bias"):
+    if family in _QWEN3 and d.get("attention_bias"):
         raise NotImplementedError("attention_bias=True (Qwen3) is not supported")
     act = d.get("hidden_activation") or d.get("hidden_act") or ("gelu_pytorch_tanh" if family == "gemma" else "silu")
     if family == "gemma":
@@ -201,10 +209,20 @@ def config_from_hf(d: dict, **overrides) -> ModelConfig:
         rope_llama3_scaling=scaling, norm_eps=float(d.get("rms_norm_eps", 1e-6)),
         norm_plus_one=family == "gemma", scale_embeddings=family == "gemma",
         tie_embeddings=bool(d.get("tie_word_embeddings", family == "gemma")),
-        qk_norm=family == "qwen3", qkv_bias=family == "qwen2",
+        qk_norm=family in _QWEN3, qkv_bias=family == "qwen2",
         max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
         dtype="bfloat16" if torch_dtype == "bfloat16" else "float32",
     )
+    if family == "qwen3_moe":
+        if d.get("shared_expert_intermediate_size"):
+            raise NotImplementedError("a shared expert is not supported (Qwen3-MoE has none)")
+        kw.update(num_experts=int(d.get("num_experts") or d["num_local_experts"]),
+                  num_experts_per_tok=int(d["num_experts_per_tok"]),
+                  moe_intermediate_size=int(d["moe_intermediate_size"]),
+                  norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+                  decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+                  mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+                  router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)))
     kw.update(overrides)
     return ModelConfig(**kw)
 
@@ -215,7 +233,7 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
         raise ValueError("a gemma-family config must have norm_plus_one and scale_embeddings")
     if cfg.family != "gemma" and (cfg.norm_plus_one or cfg.scale_embeddings):
         raise ValueError(f"{cfg.family} has no (1 + w) norm / embedding scaling in transformers")
-    if cfg.qk_norm != (cfg.family == "qwen3") or cfg.qkv_bias != (cfg.family == "qwen2"):
+    if cfg.qk_norm != (cfg.family in _QWEN3) or cfg.qkv_bias != (cfg.family == "qwen2"):
         raise ValueError(f"qk_norm / qkv_bias do not match the {cfg.family} architecture in transformers")
     if cfg.logit_softcap is not None or cfg.attn_logit_softcap is not None or cfg.query_pre_attn_scalar:
         raise ValueError("soft-capping / query_pre_attn_scalar have no equivalent in these HF architectures")
@@ -240,12 +258,17 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
         d.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
     else:
         d["hidden_act"] = "silu"
-    if cfg.family in ("llama", "qwen3"):
+    if cfg.family in ("llama", *_QWEN3):
         d["attention_bias"] = False
     if cfg.family == "llama":
         d["mlp_bias"] = False
-    if cfg.family in ("qwen2", "qwen3"):
+    if cfg.family in ("qwen2", *_QWEN3):
         d.update(use_sliding_window=False, layer_types=["full_attention"] * cfg.n_layers)
+    if cfg.family == "qwen3_moe":
+        d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                 moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                 decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
+                 router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False)
     return d
 
 
@@ -253,7 +276,33 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
 # name / layout mapping
 
 
-def _hf_name(name: str, layer: int | None) -> str:
+_EXPERT_PROJ = {"expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj"}
+
+
+def _param_layers(name: str, cfg: ModelConfig) -> list[int]:
+    """The layers a stacked parameter holds, in order (the MLP's: only the dense or only the MoE layers)."""
+    kinds = cfg.moe_layers
+    if name in MOE_PARAMS:
+        return [i for i, moe in enumerate(kinds) if moe]
+    if name in DENSE_MLP_PARAMS:
+        return [i for i, moe in enumerate(kinds) if not moe]
+    return list(range(cfg.n_layers))
+
+
+def _hf_entries(name: str, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(HF tensor name, index into our stacked array) of every HF tensor one stacked parameter holds: one per
+    layer, or per (layer, expert) for the experts' matrices."""
+    layers = _param_layers(name, cfg)
+    if name in _EXPERT_PROJ:
+        return [(_hf_name(name, (layer, e)), (j, e)) for j, layer in enumerate(layers) for e in range(cfg.num_experts)]
+    return [(_hf_name(name, layer), (j,)) for j, layer in enumerate(layers)]
+
+
+def _hf_name(name: str, layer: int | tuple[int, int] | None) -> str:
+    """HF tensor name of our parameter ``name`` at ``layer`` (``(layer, expert)`` for the experts' matrices)."""
+    if name in _EXPERT_PROJ:
+        layer, expert = layer
+        return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_PROJ[name]}.weight"
     attn = {"q": "q_proj.weight", "k": "k_proj.weight", "v": "v_proj.weight", "o": "o_proj.weight",
             "q_bias": "q_proj.bias", "k_bias": "k_proj.bias", "v_bias": "v_proj.bias",
             "q_norm": "q_norm.weight", "k_norm": "k_norm.weight"}
@@ -265,7 +314,7 @@ def _hf_name(name: str, layer: int | None) -> str:
         return p + "self_attn." + attn[name]
     return p + {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
                 "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
-                "down": "mlp.down_proj.weight"}[name]
+                "down": "mlp.down_proj.weight", "router": "mlp.gate.weight"}[name]
 
 
 def _hf_to_ours(name: str, t: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -281,7 +330,7 @@ def _hf_to_ours(name: str, t: np.ndarray, cfg: ModelConfig) -> np.ndarray:
         return t.reshape(H, Dh)
     if name in ("k_bias", "v_bias"):
         return t.reshape(K, Dh)
-    if name in ("gate", "up", "down", "lm_head"):
+    if name in ("gate", "up", "down", "lm_head", "router", *_EXPERT_PROJ):
         return t.T
     return t  # embed [V, D], norms
 
@@ -294,7 +343,7 @@ def _ours_to_hf(name: str, a: np.ndarray) -> np.ndarray:
         return a.reshape(-1, a.shape[-1]).T
     if name in ("q_bias", "k_bias", "v_bias"):
         return a.reshape(-1)
-    if name in ("gate", "up", "down", "lm_head"):
+    if name in ("gate", "up", "down", "lm_head", "router", *_EXPERT_PROJ):
         return a.T
     return a
 
@@ -309,27 +358,30 @@ def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None 
 
     Every array is assembled per device shard (``jax.make_array_from_callback``), each shard read from
     the files through ``safetensors``' lazy slices, sharded by ``rules`` on ``mesh`` (or placed on the
-    default device without a mesh): no full host copy of a parameter is ever made.
+    default device without a mesh): no full host copy of a parameter is ever made. A stacked parameter's
+    leading axes (its layers, and the experts of an MoE layer) index HF tensors (``_hf_entries``).
     """
     pd = cfg.params_dtype
     out = {}
     with SafetensorsCheckpoint(path) as ckpt:
         for name, shape in param_shapes(cfg).items():
-            layers = None if name in ("embed", "final_norm", "lm_head") else range(cfg.n_layers)
-            hf_names = [_hf_name(name, None)] if layers is None else [_hf_name(name, i) for i in layers]
-            if name == "lm_head" and hf_names[0] not in ckpt:
+            top = name in ("embed", "final_norm", "lm_head")
+            entries = [(_hf_name(name, None), ())] if top else _hf_entries(name, cfg)
+            if name == "lm_head" and entries[0][0] not in ckpt:
                 raise KeyError("checkpoint has no lm_head.weight but config.json says the head is untied")
-            lazy = [ckpt.slice(n) for n in hf_names]
-            hf_shape = tuple(lazy[0].get_shape())
+            lazy = {index: ckpt.slice(hf) for hf, index in entries}
+            stacked = len(entries[0][1])  # leading axes that index HF tensors: 0, 1 (layers) or 2 (+ experts)
+            hf_shape = tuple(lazy[entries[0][1]].get_shape())
             to_ours = functools.partial(_hf_to_ours, name, cfg=cfg)
             ours_shape = to_ours(np.empty(hf_shape, np.bool_)).shape
-            if ours_shape != (shape if layers is None else shape[1:]):
-                raise ValueError(f"{name}: checkpoint shape {ours_shape} != expected {shape}")
+            if ours_shape != tuple(shape[stacked:]):
+                raise ValueError(f"{name}: checkpoint shape {ours_shape} != expected {shape[stacked:]}")
 
-            def cb(index, lazy=lazy, hf_shape=hf_shape, to_ours=to_ours, layers=layers):
-                if layers is None:
-                    return _read_block(lazy[0], hf_shape, to_ours, index, pd)
-                return np.stack([_read_block(lazy[i], hf_shape, to_ours, index[1:], pd) for i in layers[index[0]]])
+            def cb(index, lazy=lazy, stacked=stacked, hf_shape=hf_shape, to_ours=to_ours, shape=shape):
+                heads = [range(shape[k])[index[k]] for k in range(stacked)]
+                blocks = [_read_block(lazy[i], hf_shape, to_ours, index[stacked:], pd)
+                          for i in itertools.product(*heads)]
+                return np.stack(blocks).reshape(*(len(h) for h in heads), *blocks[0].shape)
 
             if mesh is None:
                 sharding = SingleDeviceSharding(jax.devices()[0])
@@ -394,14 +446,16 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
         np.dtype(dtype or cfg.param_dtype)
     variables = _variables(model)
 
-    # (hf name, hf shape, our name, layer), grouped by our parameter so each stacked array is gathered once.
+    # (hf name, hf shape, our name, index into our stacked array), grouped by our parameter (not by HF name) so
+    # each stacked array is gathered to host once.
     entries = []
     for name, shape in param_shapes(cfg).items():
         if name in ("embed", "final_norm", "lm_head"):
             entries.append((_hf_name(name, None), _ours_to_hf(name, np.empty(shape, np.bool_)).shape, name, None))
         else:
-            hf_shape = _ours_to_hf(name, np.empty(shape[1:], np.bool_)).shape
-            entries += [(_hf_name(name, i), hf_shape, name, i) for i in range(cfg.n_layers)]
+            for hf_name, index in _hf_entries(name, cfg):
+                hf_shape = _ours_to_hf(name, np.empty(shape[len(index):], np.bool_)).shape
+                entries.append((hf_name, hf_shape, name, index))
 
     # Split into shards by size, keeping order.
     shards: list[list] = [[]]
@@ -416,7 +470,7 @@ def save_hf(model: Transformer, path: str | os.PathLike, dtype: str | None = Non
 
     host: dict[str, np.ndarray] = {}
 
-    def hf_tensor(name: str, layer: int | None) -> np.ndarray:
+    def hf_tensor(name: str, layer: tuple | None) -> np.ndarray:
         if name not in host:
             host.clear()  # one of our (stacked) params in host memory at a time
             value = variables[name][...]

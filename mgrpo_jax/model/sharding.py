@@ -14,7 +14,8 @@ pairs turns logical names into a ``PartitionSpec`` for a given mesh:
 
 Rule sets are named (``RULE_SETS``, ``get_rules``): ``default`` (FSDP + tensor parallelism), ``fsdp``,
 ``tensor`` and ``data``; see each one's comment. Every set places the batch rows the same way (over
-``data`` x ``fsdp``, as the train step shards its batches), so they differ in where the parameters live
+``data`` x ``fsdp`` x ``expert``: the train step shards its batches over ``data`` x ``fsdp`` and the model
+splits them further over ``expert`` where the rows divide), so they differ in where the parameters live
 and which activations are split over heads.
 
 ``make_mesh`` builds a mesh with ``Auto`` axis types (classic ``jax.jit`` + ``NamedSharding``) from any
@@ -35,10 +36,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 # (logical name, mesh axes). Parameters: FSDP over the model dimension, Megatron-style tensor
-# parallelism over heads / MLP hidden / vocab. Activations: batch over data x fsdp, heads over tensor.
+# parallelism over heads / MLP hidden / vocab, experts over expert. Activations: batch over data x fsdp x expert
+# (the expert axis also splits the rows outside the MoE blocks), heads over tensor.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     # parameters
     ("vocab", "tensor"),
@@ -49,8 +51,13 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("mlp", "tensor"),
     ("layers", None),
     ("norm", None),
+    # mixture of experts: experts [E, ...] over ``expert`` (expert parallelism, mgrpo_jax/model/moe.py), each
+    # expert's hidden units over ``tensor``; the router's [D, E] (small, read by every token) replicated
+    ("experts", "expert"),
+    ("expert_mlp", "tensor"),
+    ("router", None),
     # activations
-    ("act_batch", ("data", "fsdp")),
+    ("act_batch", ("data", "fsdp", "expert")),
     ("act_seq", None),
     ("act_embed", None),
     ("act_heads", "tensor"),
@@ -60,7 +67,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("act_vocab", "tensor"),
     # KV cache per layer: keys [batch, kv_heads, head_dim, slots], values [batch, kv_heads, slots, head_dim];
     # its mask [batch, slots]
-    ("cache_batch", ("data", "fsdp")),
+    ("cache_batch", ("data", "fsdp", "expert")),
     ("cache_slots", None),
     ("cache_kv_heads", "tensor"),
     ("cache_head_dim", None),
@@ -77,8 +84,8 @@ def _with(rules: Rules, **changes: Any) -> Rules:
     return tuple((name, changes.get(name, axes)) for name, axes in rules)
 
 
-_NO_TENSOR = dict(vocab=None, q_heads=None, kv_heads=None, mlp=None, act_heads=None, act_kv_heads=None,
-                  act_mlp=None, act_vocab=None, cache_kv_heads=None)
+_NO_TENSOR = dict(vocab=None, q_heads=None, kv_heads=None, mlp=None, expert_mlp=None, act_heads=None,
+                  act_kv_heads=None, act_mlp=None, act_vocab=None, cache_kv_heads=None)
 
 # ZeRO-3 style: every parameter sharded over ``fsdp`` along the model dimension (gathered layer by layer
 # where it is used), no tensor parallelism: activations and the KV cache keep whole heads, the MLP hidden

@@ -50,13 +50,15 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.moe import MOE_PARAMS, RouterStats, moe_mlp
 from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, constrain, state_shardings
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 # Names of the per-layer (stacked) parameters, in a fixed order.
 LAYER_PARAMS = ("attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm",
-                "mlp_norm", "gate", "up", "down")
+                "mlp_norm", "gate", "up", "down") + MOE_PARAMS
+DENSE_MLP_PARAMS = ("gate", "up", "down")  # stacked over the dense layers only, as MOE_PARAMS over the MoE ones
 
 
 # Logical axis names of every parameter (see sharding.py). Layer params have a leading 'layers' axis.
@@ -78,16 +80,27 @@ PARAM_AXES = {
     "gate": ("layers", "embed", "mlp"),
     "up": ("layers", "embed", "mlp"),
     "down": ("layers", "mlp", "embed"),
+    "router": ("layers", "embed", "router"),
+    "expert_gate": ("layers", "experts", "embed", "expert_mlp"),
+    "expert_up": ("layers", "experts", "embed", "expert_mlp"),
+    "expert_down": ("layers", "experts", "expert_mlp", "embed"),
 }
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shape of every parameter by name (flat: layer params are stacked over ``n_layers``)."""
+    """Shape of every parameter by name (flat: layer params are stacked over ``n_layers``, except the
+    feed-forward ones: ``DENSE_MLP_PARAMS`` over the dense layers, ``MOE_PARAMS`` over the MoE layers)."""
     L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                             cfg.mlp_dim, cfg.vocab_size)
+    n_moe = sum(cfg.moe_layers)
     shapes = {"embed": (V, D), "final_norm": (D,), "attn_norm": (L, D), "q": (L, D, H, Dh),
-              "k": (L, D, K, Dh), "v": (L, D, K, Dh), "o": (L, H, Dh, D), "mlp_norm": (L, D),
-              "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D)}
+              "k": (L, D, K, Dh), "v": (L, D, K, Dh), "o": (L, H, Dh, D), "mlp_norm": (L, D)}
+    if n_moe < L:
+        shapes.update(gate=(L - n_moe, D, F), up=(L - n_moe, D, F), down=(L - n_moe, F, D))
+    if n_moe:
+        E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+        shapes.update(router=(n_moe, D, E), expert_gate=(n_moe, E, D, Fe), expert_up=(n_moe, E, D, Fe),
+                      expert_down=(n_moe, E, Fe, D))
     if not cfg.tie_embeddings:
         shapes["lm_head"] = (D, V)
     if cfg.qkv_bias:
@@ -107,12 +120,13 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
     shapes = param_shapes(cfg)
     fan_in = {"embed": cfg.d_model, "lm_head": cfg.d_model, "q": cfg.d_model, "k": cfg.d_model,
               "v": cfg.d_model, "gate": cfg.d_model, "up": cfg.d_model,
-              "o": cfg.n_heads * cfg.head_dim, "down": cfg.mlp_dim}
+              "o": cfg.n_heads * cfg.head_dim, "down": cfg.mlp_dim, "router": cfg.d_model,
+              "expert_gate": cfg.d_model, "expert_up": cfg.d_model, "expert_down": cfg.moe_intermediate_size}
     out_scale = 1.0 / math.sqrt(2 * cfg.n_layers)
     spec = []
     for name, shape in sorted(shapes.items()):
         if name in fan_in:
-            std = (out_scale if name in ("o", "down") else 1.0) / math.sqrt(fan_in[name])
+            std = (out_scale if name in ("o", "down", "expert_down") else 1.0) / math.sqrt(fan_in[name])
             spec.append((name, shape, "normal", std))
         elif name.endswith("norm") and not cfg.norm_plus_one:
             spec.append((name, shape, "ones", 0.0))
@@ -344,10 +358,13 @@ def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
     return jax.lax.dot_general(x, wt, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=x.dtype)
 
 
-def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, causal=False):
+def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, token_mask,
+          causal=False):
     """One decoder block over one layer's parameters ``lp`` (the MLP matrices ``gate`` / ``up`` / ``down`` may
-    come transposed, ``[out, in]``, as ``gate_t`` / ``up_t`` / ``down_t``: same values).
-    ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys."""
+    come transposed, ``[out, in]``, as ``gate_t`` / ``up_t`` / ``down_t``: same values; a layer with a
+    ``router`` runs the mixture of experts, :mod:`mgrpo_jax.model.moe`, instead).
+    ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys; ``token_mask [B, T]`` marks the
+    real tokens (for the routing statistics). Returns ``(x, kv_state, RouterStats or None)``."""
     cdt = cfg.compute_dtype
     w = {n: a.astype(cdt) for n, a in lp.items() if n not in ("attn_norm", "mlp_norm", "q_norm", "k_norm")}
     eps, p1 = cfg.norm_eps, cfg.norm_plus_one
@@ -374,13 +391,18 @@ def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, k
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
 
     h = rms_norm(x, lp["mlp_norm"], eps, p1)
-    g = _project(h, w, "gate")
-    u = _project(h, w, "up")
-    act = jax.nn.silu(g) if cfg.mlp_activation == "silu" else jax.nn.gelu(g, approximate=True)
-    m = constrain(act * u, ("act_batch", "act_seq", "act_mlp"), mr)
-    x = x + _project(m, w, "down")
+    stats = None
+    if "router" in w:
+        y, stats = moe_mlp(cfg, mr, w, h, token_mask)
+        x = x + y
+    else:
+        g = _project(h, w, "gate")
+        u = _project(h, w, "up")
+        act = jax.nn.silu(g) if cfg.mlp_activation == "silu" else jax.nn.gelu(g, approximate=True)
+        m = constrain(act * u, ("act_batch", "act_seq", "act_mlp"), mr)
+        x = x + _project(m, w, "down")
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
-    return x, kv_state
+    return x, kv_state, stats
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,24 +437,43 @@ class Transformer(nnx.Module):
             out["lm_head"] = self.lm_head[...]
         return out
 
-    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None):
+    def __call__(self, tokens, positions, *, attention_mask=None, cache=None, cache_index=None, logits_at=None,
+                 router_stats=False):
         """``forward`` over this model's parameters (module docstring: the call convention).
 
         ``logits_at`` ([B] int): only those positions' logits, ``[B, 1, V]`` (a prefill needs each row's last
-        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model)."""
+        prompt position only; the full ``[B, T, V]`` float32 logits of a long prompt can outweigh the model).
+        ``router_stats``: also return the layer-summed ``RouterStats`` (``None`` without MoE layers)."""
         return forward(self.cfg, self.mesh_rules, self.arrays(), tokens, positions, attention_mask=attention_mask,
-                       cache=cache, cache_index=cache_index, logits_at=logits_at)
+                       cache=cache, cache_index=cache_index, logits_at=logits_at, router_stats=router_stats)
 
 
-def unstack_layers(stacked: Mapping[str, jax.Array]) -> list[dict[str, jax.Array]]:
-    """Each layer's parameters sliced out of the stacked (leading ``n_layers`` axis) arrays."""
-    n = next(iter(stacked.values())).shape[0]
-    return [{name: a[i] for name, a in stacked.items()} for i in range(n)]
+def unstack_layers(stacked: Mapping[str, jax.Array], moe_layers: tuple[bool, ...] | None = None,
+                   ) -> list[dict[str, jax.Array]]:
+    """Each layer's parameters sliced out of the stacked arrays. ``moe_layers`` (``cfg.moe_layers``) says which
+    layers are MoE where dense and MoE layers mix (their MLP parameters are stacked over their own layers)."""
+    if moe_layers is None:
+        sizes = {a.shape[0] for a in stacked.values()}
+        if len(sizes) > 1:
+            raise ValueError("the layers mix dense and MoE blocks: unstack_layers needs moe_layers (cfg.moe_layers)")
+        moe_layers = (MOE_PARAMS[0] in stacked,) * sizes.pop()
+    out = []
+    for i, is_moe in enumerate(moe_layers):
+        rank = sum(moe_layers[:i]) if is_moe else i - sum(moe_layers[:i])  # index among layers of its kind
+        own, other = (MOE_PARAMS, DENSE_MLP_PARAMS) if is_moe else (DENSE_MLP_PARAMS, MOE_PARAMS)
+        out.append({name: a[rank if name in own else i] for name, a in stacked.items() if name not in other})
+    return out
+
+
+def _sum_stats(stats: list) -> RouterStats | None:
+    stats = [s for s in stats if s is not None]
+    return jax.tree.map(lambda *a: sum(a), *stats) if stats else None
 
 
 def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str, Any], tokens, positions, *,
-            attention_mask=None, cache=None, cache_index=None, logits_at=None):
-    """The model's forward pass, a pure function: ``(logits, new_cache)`` (module docstring: the call convention).
+            attention_mask=None, cache=None, cache_index=None, logits_at=None, router_stats=False):
+    """The model's forward pass, a pure function: ``(logits, new_cache)`` (module docstring: the call convention),
+    and with ``router_stats`` a third value, the MoE layers' summed ``RouterStats`` (``None`` without any).
 
     ``params``: ``Transformer.arrays()`` (``embed [V, D]``, ``final_norm [D]``, ``layers``, ``lm_head [D, V]``
     unless the embeddings are tied), or the same values in another layout, for a caller that calls this many
@@ -457,25 +498,30 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
     sin, cos = rope_sin_cos(positions, cfg)
     layers = params["layers"]
-    if isinstance(layers, Mapping) and (cache is not None or not cfg.scan_layers):
-        layers = unstack_layers(layers)  # a loop over the layers (else a scan over the stacked arrays)
+    mixed = len(set(cfg.moe_layers)) > 1  # dense and MoE layers: no common stacked shape to scan over
+    if isinstance(layers, Mapping) and (cache is not None or not cfg.scan_layers or mixed):
+        layers = unstack_layers(layers, cfg.moe_layers)  # a loop over the layers (else a scan over the stacked arrays)
+    stats = []
 
     if cache is None:
         causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
         mask = causal[None] & attention_mask[:, None, :]
 
         def body(x, lp):
-            x, _ = block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None), causal=True)
-            return x, None
+            x, _, layer_stats = block(cfg, mr, lp, x, sin, cos, mask, lambda k, v: (k, v, None), attention_mask,
+                                      causal=True)
+            return x, layer_stats
 
         if cfg.remat:
             policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         if isinstance(layers, Mapping):
-            x, _ = jax.lax.scan(body, x, layers)
+            x, scanned = jax.lax.scan(body, x, layers)
+            stats.append(jax.tree.map(lambda a: a.sum(0), scanned))
         else:
             for lp in layers:
-                x, _ = body(x, lp)
+                x, layer_stats = body(x, lp)
+                stats.append(layer_stats)
         new_cache = None
     else:
         if cache_index is None:
@@ -505,7 +551,9 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
                     return k, v, (nk, nv)
                 return nk.astype(cdt), nv.astype(cdt), (nk, nv)
 
-            x, (ks[i], vs[i]) = block(cfg, mr, lp, x, sin, cos, mask, kv_update, causal=fresh)
+            x, (ks[i], vs[i]), layer_stats = block(cfg, mr, lp, x, sin, cos, mask, kv_update, attention_mask,
+                                                   causal=fresh)
+            stats.append(layer_stats)
         new_cache = {"k": tuple(ks), "v": tuple(vs), "mask": slot_mask}
 
     if logits_at is not None:
@@ -519,6 +567,8 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
     if cfg.logit_softcap is not None:
         logits = cfg.logit_softcap * jnp.tanh(logits / cfg.logit_softcap)
     logits = constrain(logits, ("act_batch", "act_seq", "act_vocab"), mr)
+    if router_stats:
+        return logits, new_cache, _sum_stats(stats)
     return logits, new_cache
 
 

@@ -27,12 +27,13 @@ from mgrpo_jax.model import unstack_layers
 OUT_MAJOR_MATRICES = ("gate", "up", "down")  # the [in, out] layer matrices ``out_major`` transposes
 
 
-def decode_layout(params: Mapping[str, Any], *, out_major: bool = False) -> dict[str, Any]:
+def decode_layout(params: Mapping[str, Any], *, out_major: bool = False,
+                  moe_layers: tuple[bool, ...] | None = None) -> dict[str, Any]:
     """``params`` (``Transformer.arrays()``) with the layers as a per-layer list and, with ``out_major``, the
     MLP matrices and an untied LM head transposed to ``[out, in]`` (module docstring). ``forward`` gives the
-    same values on either."""
+    same values on either. ``moe_layers``: the config's (needed where dense and MoE layers mix)."""
     layers = params["layers"]
-    layers = unstack_layers(layers) if isinstance(layers, Mapping) else [dict(lp) for lp in layers]
+    layers = unstack_layers(layers, moe_layers) if isinstance(layers, Mapping) else [dict(lp) for lp in layers]
     out = dict(params, layers=layers)
     if out_major:
         for lp in layers:

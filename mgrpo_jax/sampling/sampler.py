@@ -205,7 +205,8 @@ def generate(
 
     # Each layer's weights sliced (and laid out) once, not once per token inside the decode loop.
     step_forward = functools.partial(forward, model.cfg, model.mesh_rules,
-                                     decode_layout(model.arrays(), out_major=out_major))
+                                     decode_layout(model.arrays(), out_major=out_major,
+                                                   moe_layers=model.cfg.moe_layers))
     # Prefill all prompt slots at once.
     pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None], (B, P))
     pmask = pos < prompt_lengths[:, None]

@@ -95,7 +95,8 @@ class Learner:
 
     def sft_step(self, optim_cfg):
         """A jitted supervised step for the current state, whose optimizer must be `optim_cfg`'s."""
-        return make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh)
+        return make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh,
+                             router_aux_loss_coef=self.config.get("router_aux_loss_coef"))
 
     @property
     def policy_step(self):
@@ -104,7 +105,8 @@ class Learner:
             cfg = self.config
             self._policy_step = make_policy_step(
                 self.graphdef, make_optimizer(cfg.optim), cfg.loss, cfg.loss_hparams.to_dict(), self.sharding,
-                self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
+                self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p,
+                router_aux_loss_coef=cfg.get("router_aux_loss_coef"))
         return self._policy_step
 
     @policy_step.setter

@@ -39,7 +39,8 @@ from mgrpo_jax.tokenizer_hf import added_tokens
 log = logging.getLogger(__name__)
 
 # ModelConfig fields an `init_from` agent takes from `agent.model_overrides`: none changes a parameter's shape.
-RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "remat_policy", "attn_chunk", "causal_block")
+RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat", "remat_policy", "attn_chunk", "causal_block",
+                  "moe_matmul", "moe_chunk")
 
 
 def checkpoint_model_config(agent_cfg) -> ModelConfig:

@@ -49,6 +49,12 @@ advances).
 ``loss_denominator``, and the loss's own metrics combined over micro-batches token-weighted (``tokens``
 summed; ``*_min`` / ``*_max`` by min / max).
 
+**Mixture-of-experts models** add the router's load-balancing loss (HF ``load_balancing_loss_func`` over the
+real tokens, :func:`mgrpo_jax.model.moe.load_balancing_loss`) times ``router_aux_loss_coef`` (default: the
+model config's) to each micro-batch's objective, weighted like it by its denominator, and log
+``router_aux_loss``, each expert's share of the routed assignments (``router_share_e{i}``) and
+``router_load_max_over_mean``.
+
 **Several optimisation passes per batch (PPO epochs, the paper's mu).** Nothing special is needed: call
 the step again on the same batch; ``old_logprobs`` stay the behaviour log-probs, so the importance ratio
 moves away from 1 and the clip acts. With one update per pass the gradient is that of the whole batch,
@@ -72,6 +78,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mgrpo_jax.core.losses import PolicyLossInputs, get_loss
 from mgrpo_jax.model import gather_logprobs
+from mgrpo_jax.model.moe import load_balancing_loss, routing_metrics
 from mgrpo_jax.sampling.sampler import sampling_logits
 from mgrpo_jax.train.optim import current_lr
 from mgrpo_jax.train.state import AgentState
@@ -169,7 +176,7 @@ def policy_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top
 
 
 def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour: bool = False, top_k: int = 0,
-             top_p: float = 1.0):
+             top_p: float = 1.0, router_aux_loss_coef: float | None = None):
     """Teacher-forced log-probs [B, T] (``token_logprobs`` convention) and optionally the logits that
     predicted them ([B, T - 1, V]: position t predicts token t + 1).
 
@@ -177,11 +184,18 @@ def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour
     ``behaviour=True``: the sampling distribution the behaviour log-probs were recorded under
     (:func:`policy_logits`), each row at ``mb['temperature']`` (1 when the batch has no such key), with the
     static ``top_k`` / ``top_p``; the returned logits are then those of that distribution.
+
+    Third value: an MoE model's ``(weighted router loss, routing metrics)`` (``None`` for a dense model).
     """
     model = nnx.merge(graphdef, params)
     tokens = mb["tokens"]
     mask = mb["attention_mask"].astype(jnp.bool_)
-    logits, _ = model(tokens, mb["positions"], attention_mask=mask)
+    logits, _, stats = model(tokens, mb["positions"], attention_mask=mask, router_stats=True)
+    router = None
+    if stats is not None:
+        coef = model.cfg.router_aux_loss_coef if router_aux_loss_coef is None else router_aux_loss_coef
+        aux = load_balancing_loss(stats, model.cfg.num_experts)
+        router = (coef * aux, {"router_aux_loss": aux, **routing_metrics(stats)})
     logits = logits[:, :-1]
     if behaviour:
         temperature = mb.get("temperature")
@@ -192,7 +206,15 @@ def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour
     lp = gather_logprobs(logits, tokens[:, 1:])
     lp = jnp.concatenate([jnp.zeros((tokens.shape[0], 1), jnp.float32), lp], axis=1)
     lp = jnp.where(mask, lp, 0.0)
-    return lp, (logits if with_logits else None)
+    return lp, (logits if with_logits else None), router
+
+
+def _with_router_loss(loss_sum, denom, metrics: dict, router):
+    """The micro-batch objective plus the weighted router loss (scaled by the denominator the step divides by)
+    and the routing metrics; unchanged for a dense model."""
+    if router is None:
+        return loss_sum, metrics
+    return loss_sum + router[0] * denom, {**metrics, **router[1]}
 
 
 def _shifted_entropy(logits: jax.Array) -> jax.Array:
@@ -215,29 +237,31 @@ def set_hparams(loss_hparams) -> dict:
 
 
 def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False,
-                      top_k: int = 0, top_p: float = 1.0):
+                      top_k: int = 0, top_p: float = 1.0, router_aux_loss_coef: float | None = None):
     """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss, with
     log-probs (and entropy) of the behaviour distribution (``mb['temperature']``, ``top_k``, ``top_p``)."""
 
     def f(params, mb):
-        lp, logits = _forward(graphdef, params, mb, with_logits=compute_entropy, behaviour=True, top_k=top_k,
-                              top_p=top_p)
+        lp, logits, router = _forward(graphdef, params, mb, with_logits=compute_entropy, behaviour=True,
+                                      top_k=top_k, top_p=top_p, router_aux_loss_coef=router_aux_loss_coef)
         entropy = _shifted_entropy(logits) if compute_entropy else None
         inputs = PolicyLossInputs(
             logprobs=lp, old_logprobs=mb["old_logprobs"].astype(jnp.float32),
             advantages=mb["advantages"], mask=_trained_mask(mb), weights=mb["weights"],
             ref_logprobs=mb.get("ref_logprobs"), entropy=entropy)
         loss_sum, denom, metrics = loss_fn(inputs, **loss_hparams)
+        loss_sum, metrics = _with_router_loss(loss_sum, denom, metrics, router)
         return loss_sum, (denom, metrics)
 
     return f
 
 
-def sft_micro_loss(graphdef):
+def sft_micro_loss(graphdef, router_aux_loss_coef: float | None = None):
     """Token-mean cross-entropy on trained tokens (``loss_mask``), rows weighted by ``weights`` if given."""
 
     def f(params, mb):
-        lp, logits = _forward(graphdef, params, mb, with_logits=True)
+        lp, logits, router = _forward(graphdef, params, mb, with_logits=True,
+                                      router_aux_loss_coef=router_aux_loss_coef)
         mask = _trained_mask(mb)
         w = mb.get("weights")
         w = jnp.ones((mask.shape[0],), jnp.float32) if w is None else w.astype(jnp.float32)
@@ -250,6 +274,7 @@ def sft_micro_loss(graphdef):
         hit = jnp.concatenate([jnp.zeros((mask.shape[0], 1), jnp.float32),
                                (pred == mb["tokens"][:, 1:]).astype(jnp.float32)], axis=1)
         metrics = {"tokens": tokens, "accuracy": (hit * trained).sum() / jnp.maximum(tokens, 1.0)}
+        loss_sum, metrics = _with_router_loss(loss_sum, denom, metrics, router)
         return loss_sum, (denom, metrics)
 
     return f
@@ -373,28 +398,29 @@ def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_nam
                      loss_hparams: dict | None, state_sharding: AgentState, mesh: Mesh,
                      micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
                      compute_entropy: bool = False, donate: bool = True, top_k: int = 0,
-                     top_p: float = 1.0) -> TrainStep:
+                     top_p: float = 1.0, router_aux_loss_coef: float | None = None) -> TrainStep:
     """Policy-gradient step with the registered loss ``loss_name`` (``grpo``, ``dr_grpo``, ``gspo``, ...)
     and its keyword hyper-parameters. ``compute_entropy`` adds the policy's token entropy to the metrics
     (costs a softmax over the vocabulary). ``top_k`` / ``top_p``: the filters of the sampler that recorded
     the batches' behaviour log-probs (its ``Sampler.top_k`` / ``Sampler.top_p``; 0 / 1.0 = off); the
-    per-row temperature comes with the batch. See the module docstring for the batch and the metrics."""
+    per-row temperature comes with the batch. ``router_aux_loss_coef``: an MoE model's load-balancing weight
+    (``None``: its config's). See the module docstring for the batch and the metrics."""
     micro = policy_micro_loss(graphdef, get_loss(loss_name), set_hparams(loss_hparams), compute_entropy,
-                              int(top_k), float(top_p))
+                              int(top_k), float(top_p), router_aux_loss_coef)
     return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
                       batch_axes=batch_axes, donate=donate)
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, state_sharding: AgentState,
                   mesh: Mesh, micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
-                  donate: bool = True) -> TrainStep:
+                  donate: bool = True, router_aux_loss_coef: float | None = None) -> TrainStep:
     """Supervised step: token-mean cross-entropy over ``loss_mask`` tokens (clones expert transcripts).
 
     Metrics: ``loss`` (mean NLL per trained token), ``accuracy`` (greedy next-token accuracy), ``tokens``,
     plus the common ones.
     """
-    return build_step(graphdef, optimizer, sft_micro_loss(graphdef), state_sharding, mesh, micro_batches,
-                      batch_axes=batch_axes, donate=donate)
+    return build_step(graphdef, optimizer, sft_micro_loss(graphdef, router_aux_loss_coef), state_sharding, mesh,
+                      micro_batches, batch_axes=batch_axes, donate=donate)
 
 
 def make_logprob_fn(graphdef, state_sharding: AgentState, mesh: Mesh, *, micro_batches: int = 1,

@@ -55,3 +55,12 @@ def test_an_out_of_memory_refusal_reads_as_a_lower_bound():
     assert bench.refused_gib(message) == pytest.approx(20.92)
     assert bench.refused_gib(message.replace("20.92G", "512.00M")) == pytest.approx(0.5)
     assert bench.refused_gib("INVALID_ARGUMENT: something else") is None
+
+
+def test_small_moe_plan_puts_the_experts_on_the_expert_axis():
+    figures = bench.main(["--size=small_moe", "--programs=decode"])
+    assert figures["small_moe_fits_v5e4"] is True and figures["small_moe_decode_gib_per_chip_v5e4"] > 0
+    plan = bench.small_moe_plan()
+    mesh = bench.build_mesh(plan.mesh, bench.topology_devices("v5e:2x2"))
+    _, abs_state, _ = abstract_agent_state(plan.model, make_optimizer(plan.optim), mesh)
+    assert abs_state.params["layers"]["expert_gate"].sharding.spec[1] == "expert"

@@ -189,7 +189,7 @@ def test_rule_set_names_every_logical_axis_once(name):
     used = {a for axes in PARAM_AXES.values() for a in axes} | {a for axes in CACHE_AXES.values() for a in axes}
     assert used | set(ACTIVATION_AXES) == set(names)
     # Batch rows are placed alike by every set (the train step shards its batches over data x fsdp).
-    assert dict(rules)["act_batch"] == dict(rules)["cache_batch"] == ("data", "fsdp")
+    assert dict(rules)["act_batch"] == dict(rules)["cache_batch"] == ("data", "fsdp", "expert")
 
 
 # Expected placement on the 2 x 2 x 2 mesh: q [L, D, H, Dh], down [L, F, D], embed [V, D], k cache entry.

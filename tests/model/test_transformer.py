@@ -251,7 +251,8 @@ def test_call_is_forward_on_the_models_arrays_and_takes_per_layer_lists():
 def test_call_has_one_path():
     """No layout knobs in the model's call: those live in the sampler (mgrpo_jax.sampling.layout)."""
     params = inspect.signature(Transformer.__call__).parameters
-    assert list(params) == ["self", "tokens", "positions", "attention_mask", "cache", "cache_index", "logits_at"]
+    assert list(params) == ["self", "tokens", "positions", "attention_mask", "cache", "cache_index", "logits_at",
+                            "router_stats"]
     assert not hasattr(Transformer, "layer_list") and not hasattr(Transformer, "head_out_major")
 
 
