@@ -55,7 +55,7 @@ from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config, get_rule
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import abstract_agent_state
-from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_policy_step
+from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_logprob_fn, make_policy_step
 
 GIB = 1024**3
 HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v6e": 32.0, "v4": 32.0}
@@ -156,7 +156,18 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
               "temperature": jnp.float32}
     per_row = ("advantages", "weights", "temperature")
     batch = {k: _abstract((B,) if k in per_row else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
-    return step.jitted.lower(abs_state, batch)
+    if not float(plan.loss_hparams.get("kl_coef") or 0.0) > 0:
+        return step.jitted.lower(abs_state, batch)
+    # With a KL term the agent also holds its frozen reference (the policy's shapes and shardings, train/learner.py)
+    # and runs it on every batch for `ref_logprobs`: planned as one program, so both count.
+    logprob = make_logprob_fn(graphdef, sharding, mesh, micro_batches=micro_batches)
+
+    def with_reference(state, reference, batch):
+        ref = logprob.jitted(reference, batch["tokens"], batch["positions"], batch["attention_mask"],
+                             batch["temperature"])
+        return step.jitted(state, {**batch, "ref_logprobs": ref})
+
+    return jax.jit(with_reference, donate_argnums=(0,)).lower(abs_state, abs_state.params, batch)
 
 
 def _sampler_inputs(plan: Plan, mesh: Mesh):

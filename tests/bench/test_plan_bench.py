@@ -2,6 +2,7 @@
 CI installs requirements-tpu.txt): abstract TPU v5e devices, the train step and the sampler's prefill and decode
 compiled for them with no arrays allocated, per-chip memory read from the compiled plans."""
 
+import dataclasses
 import json
 
 import jax
@@ -64,3 +65,17 @@ def test_small_moe_plan_puts_the_experts_on_the_expert_axis():
     mesh = bench.build_mesh(plan.mesh, bench.topology_devices("v5e:2x2"))
     _, abs_state, _ = abstract_agent_state(plan.model, make_optimizer(plan.optim), mesh)
     assert abs_state.params["layers"]["expert_gate"].sharding.spec[1] == "expert"
+
+
+def test_a_kl_reference_is_planned_beside_the_state():
+    """With kl_coef > 0 the train program also holds the frozen reference (one more copy of the parameters per
+    chip) and runs its forward; with kl_coef 0 it holds none."""
+    plan = bench.small_plan()
+    with_kl = dataclasses.replace(plan, loss_hparams={**plan.loss_hparams, "kl_coef": 0.01})
+    devices = bench.topology_devices("v5e:2x2")
+    _, abs_state, _ = abstract_agent_state(plan.model, make_optimizer(plan.optim),
+                                           bench.build_mesh(plan.mesh, devices))
+    param_bytes = sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abs_state.params))
+    plain, kl = (bench.plan_topology(p, "v5e-4", bench.SMALL_TOPOLOGIES["v5e-4"], programs=("train",))[0]["bytes"]
+                 for p in (plan, with_kl))
+    assert kl["arguments"] - plain["arguments"] >= param_bytes / 4 * 0.99  # the reference, sharded over 4 chips
