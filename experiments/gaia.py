@@ -1,4 +1,4 @@
-"""M-GRPO on the offline world, evaluated gaia-style. Presets: smoke, local, figures, paper.
+"""M-GRPO on the offline world, evaluated gaia-style. Presets: smoke, local, figures, paper, paper_lora.
 
 Run (the preset after the colon, optionally a mode after a comma):
 
@@ -13,7 +13,8 @@ in experiments/presets.py; one for this benchmark only goes into the table below
 from experiments import presets
 
 # name -> a function editing the defaults (mgrpo_jax.config.base_config) in place.
-PRESETS = {"smoke": presets.smoke, "local": presets.local, "figures": presets.figures, "paper": presets.paper}
+PRESETS = {"smoke": presets.smoke, "local": presets.local, "figures": presets.figures, "paper": presets.paper,
+           "paper_lora": presets.paper_lora}
 
 
 def get_config(arg: str | None = None):

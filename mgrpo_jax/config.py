@@ -7,9 +7,9 @@
   get_config(benchmark, preset)  the config of `experiments/<benchmark>.py` for "preset[,mode]".
 
 The presets live with the experiments, big_vision style: `experiments/presets.py` holds the ones every benchmark
-shares (smoke, local, figures, paper: `PRESETS`) and each experiment file (`experiments/xbench.py`, `gaia.py`,
-`webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users pass to
-`launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
+shares (smoke, local, figures, paper, paper_lora: `PRESETS`) and each experiment file (`experiments/xbench.py`,
+`gaia.py`, `webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users
+pass to `launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
 path, for package code, tests and scripts.
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (mgrpo_jax/train/trainer.py says what each
@@ -31,7 +31,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
-PRESETS = ("smoke", "local", "figures", "paper")
+PRESETS = ("smoke", "local", "figures", "paper", "paper_lora")
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
 

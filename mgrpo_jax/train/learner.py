@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from mgrpo_jax.core.losses import loss_defaults
 from mgrpo_jax.sampling import Sampler
@@ -90,8 +91,14 @@ class Learner:
             return self.state.params
         return merged_params(self.state.params, self.base, self.lora.scale)
 
+    def policy_model(self):
+        """The current policy as a plain Transformer (what the sampler runs and an export writes)."""
+        return nnx.merge(self.sampler.graphdef, self.policy_params())
+
     def checkpoint_items(self) -> dict:
-        """What a checkpoint holds of this agent: `{name: state}`, plus `{name}_reference` with a KL reference."""
+        """What a checkpoint holds of this agent: `{name: state}` (a LoRA agent's: adapters and their optimizer state;
+        its base is written once beside the run's agent record, `mgrpo_jax.train.export.record_agents`), plus
+        `{name}_reference` with a full fine-tuning agent's KL reference."""
         items = {self.name: self.state}
         if self.reference is not None:
             items[f"{self.name}_reference"] = self.reference
