@@ -2,6 +2,7 @@
 
     python -m mgrpo_jax.bench.plan                 # the paper preset on v5p-128, v5e-64, v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=small    # a tiny model on a 4-chip v5e, for CI (seconds)
+    python -m mgrpo_jax.bench.plan --lora          # the paper_lora preset's agent on v5e-64, v6e-64, v5p-64
 
 Needs libtpu (`pip install -r requirements-tpu.txt`); jax itself keeps running on the CPU. For each pod
 topology, `jax.experimental.topologies.get_topology_desc` gives the slice's abstract TPU devices, the agent's
@@ -25,6 +26,10 @@ Q*K = 16), so its shapes are planned; the main agent's micro-batches have the sa
 vocabulary is the checkpoint's own (151,936 for Qwen3-8B, what `init_from` a real checkpoint gives). Where a
 topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
 one row per shard (the `micro` column). Last line: one JSON object.
+
+`--lora` plans the `paper_lora` preset's agent instead (LoRA rank 64 on every projection, the frozen base in
+bfloat16): its train step holds the base, the adapters and their optimizer state (`lora_train_state`); its sampler
+programs run the merged weights, a plain model in the base's dtype (`Learner.publish` merges once per update).
 """
 
 from __future__ import annotations
@@ -44,10 +49,11 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
-from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config, get_rules
+from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_config, get_rules
+from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.train.optim import make_optimizer
-from mgrpo_jax.train.state import abstract_agent_state
+from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state
 from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_policy_step
 
 GIB = 1024**3
@@ -55,6 +61,7 @@ HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v6e": 32.0, "v4": 32.0}
 # name -> topology as get_topology_desc spells it (v5p counts TensorCores in its name: v5p-128 = 64 chips).
 PAPER_TOPOLOGIES = {"v5p-128": "v5p:4x4x4", "v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16"}
 SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
+LORA_TOPOLOGIES = {"v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v5p-64": "v5p:4x4x2"}
 PROGRAMS = ("train", "prefill", "decode")
 
 
@@ -73,16 +80,19 @@ class Plan:
     sample_rows: int
     max_new: int
     rules: tuple = DEFAULT_RULES  # the sharding rule set (`agent.sharding_rules`)
+    lora: object = None  # a LoraSpec (mgrpo_jax/model/lora.py): the train step trains adapters over a frozen base
 
 
-def paper_plan(agent: str = "sub") -> Plan:
-    """The `paper` preset's agent (default: the sub-agent, the larger batch) with the checkpoint's vocabulary."""
-    c = get_config("xbench", "paper")
+def paper_plan(agent: str = "sub", preset: str = "paper") -> Plan:
+    """The `paper` (or `paper_lora`) preset's agent (default: the sub-agent, the larger batch) with the checkpoint's
+    vocabulary."""
+    c = get_config("xbench", preset)
     a = c[agent]
     model = get_model_config(a.model, **a.model_overrides.to_dict())
     rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
     return Plan(model, a.mesh.to_dict(), a.optim, a.loss, dict(a.loss_hparams), rows, a.micro_batches,
-                a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)))
+                a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)),
+                lora_spec(a.get("lora")))
 
 
 def small_plan() -> Plan:
@@ -124,10 +134,24 @@ def _abstract(shape, dtype, sharding):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
+def lora_train_state(plan: Plan, mesh: Mesh, optimizer):
+    """(graphdef, abstract adapter state, its sharding, abstract frozen base) of a LoRA plan's train step."""
+    graphdef, abs_state, sharding, base_sharding = abstract_lora_agent_state(plan.model, plan.lora, optimizer, mesh,
+                                                                             plan.rules)
+    _, abs_base = abstract_model(plan.model, mesh, plan.rules)
+    return graphdef, abs_state, sharding, jax.tree.map(lambda a, s: _abstract(a.shape, a.dtype, s), abs_base,
+                                                       base_sharding)
+
+
 def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
     optimizer = make_optimizer(plan.optim)
-    graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
-    step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches)
+    if plan.lora is None:
+        graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
+        frozen = None
+    else:
+        graphdef, abs_state, sharding, frozen = lora_train_state(plan, mesh, optimizer)
+    step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches,
+                            frozen=frozen)
     bshard = batch_sharding(mesh)
     B, T = plan.train_rows, plan.seq_len
     dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "attention_mask": jnp.bool_, "loss_mask": jnp.float32,
@@ -135,7 +159,7 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
               "temperature": jnp.float32}
     per_row = ("advantages", "weights", "temperature")
     batch = {k: _abstract((B,) if k in per_row else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
-    return step.jitted.lower(abs_state, batch)
+    return step.jitted.lower(abs_state, batch, *(() if frozen is None else (frozen,)))
 
 
 def _sampler_inputs(plan: Plan, mesh: Mesh):
@@ -258,12 +282,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--agent", choices=("main", "sub"), default="sub", help="paper size: which agent's shapes")
     parser.add_argument("--fit_fraction", type=float, default=0.9)
+    parser.add_argument("--lora", action="store_true", help="the paper_lora preset (default topologies: "
+                        + ", ".join(LORA_TOPOLOGIES) + ")")
     parser.add_argument("--model_overrides", default="", help="e.g. attn_chunk=0,remat=False (ints / bools)")
     args = parser.parse_args(argv)
 
-    table = SMALL_TOPOLOGIES if args.size == "small" else PAPER_TOPOLOGIES
+    table = SMALL_TOPOLOGIES if args.size == "small" else LORA_TOPOLOGIES if args.lora else PAPER_TOPOLOGIES
     names = [n for n in args.topologies.split(",") if n] or list(table)
-    plan = small_plan() if args.size == "small" else paper_plan(args.agent)
+    plan = small_plan() if args.size == "small" else paper_plan(args.agent, "paper_lora" if args.lora else "paper")
+    if args.lora and args.size == "small":
+        plan = dataclasses.replace(plan, lora=paper_plan(preset="paper_lora").lora)
     if args.model_overrides:
         overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
         parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
@@ -272,7 +300,8 @@ def main(argv=None) -> dict:
     programs = tuple(p for p in args.programs.split(",") if p)
     m = plan.model
     print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters "
-          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}); train "
+          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}"
+          f"{'' if plan.lora is None else f', LoRA rank {plan.lora.rank} on ' + ','.join(plan.lora.targets)}); train "
           f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
           f"{plan.seq_len - plan.max_new} + {plan.max_new} new; mesh {plan.mesh}; fits = at most "
           f"{args.fit_fraction:.0%} of HBM", flush=True)
@@ -289,8 +318,9 @@ def main(argv=None) -> dict:
                   f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
                   f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
 
-    prefix = args.size
-    figures = {"size": args.size, "fit_fraction": args.fit_fraction, "params_b": m.num_params() / 1e9,
+    prefix = args.size + ("_lora" if args.lora else "")
+    figures = {"size": args.size, "lora": args.lora, "fit_fraction": args.fit_fraction,
+               "params_b": m.num_params() / 1e9,
                "seq_len": plan.seq_len, "train_rows": plan.train_rows}
     for row in rows:
         key = f"{prefix}_{row['program']}_{{}}_{_key(row['topology'])}"
