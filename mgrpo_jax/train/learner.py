@@ -12,9 +12,10 @@ of this exists. The policy step is jitted once per batch shape; its log-probs us
 agent's sampler (the filters its behaviour log-probs were recorded under; temperatures come per row).
 
 A LoRA agent (`agent.lora.rank > 0`, `mgrpo_jax.model.lora`) trains its adapters only: `state` holds the adapters
-and their optimizer state, `base` the frozen base weights (never donated, never checkpointed: they are rebuilt
-from the config, see `mgrpo_jax.train.export`). Its KL reference is the base with the adapters off (no copy), and
-the sampler gets base + adapters merged once per policy update (`publish`).
+and their optimizer state, `base` the frozen base weights (never donated and not in the checkpoints: written once
+beside the run's agent record, `mgrpo_jax.train.export`, and rebuilt from the config on resume). Its KL reference
+is the base with the adapters off (no copy), and the sampler gets base + adapters merged once per policy update
+(`publish`).
 """
 
 from __future__ import annotations
