@@ -213,9 +213,7 @@ def abstract_lora_agent_state(model_cfg, spec, optimizer_or_cfg, mesh: Mesh, rul
     """``(graphdef, abstract AgentState of the adapters, its sharding, the base's sharding)`` — no memory used."""
     rules = tuple(rules)
     optimizer = as_optimizer(optimizer_or_cfg)
-    _, abs_all = abstract_model(model_cfg, mesh, rules, lora=spec)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0),
-                                                               mesh_rules=MeshRules(mesh, rules), lora=spec)))
+    graphdef, abs_all = abstract_model(model_cfg, mesh, rules, lora=spec)
     abs_adapters, abs_base = split_lora(_strip(abs_all))
     sharding = agent_state_sharding(optimizer, abs_adapters, mesh, rules)
     abs_state = AgentState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abs_adapters,
