@@ -285,11 +285,13 @@ class TrainStep:
     """A jitted ``step(state, batch) -> (new_state, metrics)`` (see the module docstring).
 
     Attributes: ``jitted`` (the ``jax.jit`` function, e.g. for ``.lower``), ``batch_sharding``,
-    ``micro_batches``, ``trace_count`` (how many times the step was traced: 1 per batch shape/structure).
+    ``micro_batches``, ``trace_count`` (how many times the step was traced: 1 per batch shape/structure),
+    ``frozen`` (what the jitted step takes as its third argument, e.g. a LoRA agent's base; None: two arguments).
     """
 
-    def __init__(self, jitted, sharding: NamedSharding, micro_batches: int, counter: list):
+    def __init__(self, jitted, sharding: NamedSharding, micro_batches: int, counter: list, frozen=None):
         self.jitted = jitted
+        self.frozen = frozen  # the part of the model the step reads but never updates (a LoRA agent's base)
         self.batch_sharding = sharding
         self.micro_batches = micro_batches
         self._counter = counter
@@ -297,8 +299,6 @@ class TrainStep:
     @property
     def trace_count(self) -> int:
         return self._counter[0]
-
-    frozen = None  # the frozen part of the model the step reads but never updates (a LoRA agent's base)
 
     def __call__(self, state: AgentState, batch: dict):
         if self.frozen is not None:
@@ -379,9 +379,7 @@ def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Ca
         in_shardings += (jax.tree.map(lambda x: x.sharding, frozen),)
     jitted = jax.jit(step, in_shardings=in_shardings, out_shardings=(state_sharding, replicated),
                      donate_argnums=(0,) if donate else ())
-    train_step = TrainStep(jitted, bshard, micro_batches, counter)
-    train_step.frozen = frozen
-    return train_step
+    return TrainStep(jitted, bshard, micro_batches, counter, frozen)
 
 
 def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_name: str,
