@@ -12,6 +12,8 @@ A preset is a function that edits the defaults (`mgrpo_jax.config.base_config`) 
   paper   the paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL) and its model,
           Qwen3-30B-A3B (mixture of experts, expert-parallel) for both agents, for a TPU pod slice.
   paper_dense  the same settings with a dense 8B model (Qwen3-8B shape) for both agents.
+  paper_lora  `paper_dense` with LoRA (rank 64 on every projection) on every agent and the frozen base in bfloat16,
+          for smaller slices (README "LoRA").
 
 `compact` (the compact world, grammar and model sized for a CPU) and `small_world` are building blocks of the
 presets above. A new preset is a function in an experiment file (for one benchmark) or here (for all of them),
@@ -189,3 +191,14 @@ def paper_dense(c) -> None:
     c.train.eval_runs = 3
     c.train.eval_questions = 0
     c.train.checkpoint_every = 25
+
+
+def paper_lora(c) -> None:
+    """`paper_dense` (the 8B shape: LoRA adapts the dense projections; an MoE layer's experts take no adapters yet)
+    with LoRA rank 64 (alpha 64) on every projection of every agent, the frozen base held in bfloat16 and a learning
+    rate for adapters."""
+    paper_dense(c)
+    for agent in (c.main, c.sub, c.single):
+        agent.lora.update({"rank": 64, "alpha": 64.0, "target": "."})
+        agent.model_overrides.param_dtype = "bfloat16"  # never updated, so no float32 master copy is needed
+        agent.optim.lr = 10 * agent.optim.lr  # adapters take ~10x full fine-tuning's rate (LoRA practice)

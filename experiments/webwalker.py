@@ -1,4 +1,5 @@
-"""M-GRPO on the offline world, evaluated webwalker-style. Presets: smoke, local, figures, paper, paper_dense.
+"""M-GRPO on the offline world, evaluated webwalker-style. Presets: smoke, local, figures, paper, paper_dense,
+paper_lora.
 
 Run (the preset after the colon, optionally a mode after a comma):
 
@@ -14,7 +15,8 @@ from experiments import presets
 
 # name -> a function editing the defaults (mgrpo_jax.config.base_config) in place.
 PRESETS = {"smoke": presets.smoke, "local": presets.local, "figures": presets.figures, "paper": presets.paper,
-           "paper_dense": presets.paper_dense}
+           "paper_dense": presets.paper_dense,
+           "paper_lora": presets.paper_lora}
 
 
 def get_config(arg: str | None = None):

@@ -7,9 +7,9 @@
   get_config(benchmark, preset)  the config of `experiments/<benchmark>.py` for "preset[,mode]".
 
 The presets live with the experiments, big_vision style: `experiments/presets.py` holds the ones every benchmark
-shares (smoke, local, figures, paper: `PRESETS`) and each experiment file (`experiments/xbench.py`, `gaia.py`,
-`webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users pass to
-`launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
+shares (smoke, local, figures, paper, paper_lora: `PRESETS`) and each experiment file (`experiments/xbench.py`,
+`gaia.py`, `webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users
+pass to `launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
 path, for package code, tests and scripts.
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (mgrpo_jax/train/trainer.py says what each
@@ -31,7 +31,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
-PRESETS = ("smoke", "local", "figures", "paper", "paper_dense")
+PRESETS = ("smoke", "local", "figures", "paper", "paper_dense", "paper_lora")
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
 
@@ -65,6 +65,10 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.optim = ml_collections.ConfigDict(
         {"lr": lr, "warmup_steps": 0, "decay": "constant", "total_steps": 0, "b1": 0.9, "b2": 0.98,
          "weight_decay": 0.1, "grad_clip_norm": 1.0})
+    # LoRA adapters per agent (mgrpo_jax/model/lora.py; README "LoRA"): rank 0 = full fine-tuning. With rank > 0 only
+    # the adapters (scale alpha / rank) on the projections whose path `layers/<q|k|v|o|gate|up|down>` the regular
+    # expression `target` matches train; the base weights stay frozen. dropout must be 0 (deterministic log-probs).
+    agent.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "target": ".", "dropout": 0.0})
     agent.sft = ml_collections.ConfigDict(
         {"lr": 3e-3, "warmup_steps": 10, "decay": "cosine", "total_steps": 0, "b1": 0.9, "b2": 0.98,
          "weight_decay": 0.0, "grad_clip_norm": 1.0})
@@ -360,6 +364,7 @@ def _check_agent(p: _Problems, name: str) -> None:
             p.number(f"{name}.loss_hparams.dual_clip", above=1)
         if hparams.get("kl_estimator") is not None:
             p.choice(f"{name}.loss_hparams.kl_estimator", KL_ESTIMATORS)
+    _check_lora(p, name)
     for optim in ("optim", "sft"):
         p.choice(f"{name}.{optim}.decay", DECAYS)
         p.number(f"{name}.{optim}.lr", 0)
@@ -371,6 +376,23 @@ def _check_agent(p: _Problems, name: str) -> None:
             value = p.number(f"{name}.{optim}.{beta}", 0)
             if value is not None and value >= 1:
                 p.add(f"{name}.{optim}.{beta}", value, "must be < 1")
+
+
+def _check_lora(p: _Problems, name: str) -> None:
+    from mgrpo_jax.model.lora import lora_spec
+
+    if p.get(f"{name}.lora") is _MISSING:
+        return
+    rank = p.number(f"{name}.lora.rank", 0)  # an int field: ml_collections refuses 2.5
+    alpha = p.number(f"{name}.lora.alpha", above=0)
+    dropout = p.number(f"{name}.lora.dropout", 0)
+    if dropout:
+        p.add(f"{name}.lora.dropout", dropout, "only 0 is supported (recorded log-probs must be reproducible)")
+    if rank and alpha is not None and not dropout:
+        try:
+            lora_spec(p.get(f"{name}.lora"))
+        except ValueError as e:
+            p.add(f"{name}.lora.target", p.get(f"{name}.lora.target"), str(e).split(": ", 1)[-1])
 
 
 def _check_micro_batches(p: _Problems, name: str, mode) -> None:

@@ -234,3 +234,12 @@ def test_decoupled_roles_need_two_agents_and_a_shared_store():
     validate(c, "sub")
     (problem,) = _problems(c, "mian")
     assert problem.startswith("role='mian': not one of colocated, main, sub; did you mean 'main'?")
+
+
+def test_paper_lora_is_paper_dense_with_lora_on_every_agent():
+    paper, lora = get_config("xbench", "paper_dense"), get_config("xbench", "paper_lora")
+    for name in ("main", "sub", "single"):
+        assert (lora[name].lora.rank, lora[name].lora.target) == (64, ".") and paper[name].lora.rank == 0
+        assert lora[name].model == paper[name].model and lora[name].mesh.to_dict() == paper[name].mesh.to_dict()
+        assert lora[name].model_overrides.param_dtype == "bfloat16"
+    assert lora.rollout.to_dict() == paper.rollout.to_dict() and lora.rewards.to_dict() == paper.rewards.to_dict()

@@ -5,6 +5,8 @@
     python -m mgrpo_jax.bench.plan --size=paper_dense   # the dense 8B preset on v5p-128, v5e-64, v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
     python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
+    python -m mgrpo_jax.bench.plan --lora               # the paper_lora preset's agent (the 8B with LoRA) on v5e-64,
+                                                        # v6e-64, v5p-64
 
 Needs libtpu (`pip install -r requirements-tpu.txt`); jax itself keeps running on the CPU. For each pod
 topology, `jax.experimental.topologies.get_topology_desc` gives the slice's abstract TPU devices, the agent's
@@ -32,6 +34,10 @@ have the same shape (16 rows). The vocabulary is the checkpoint's own (151,936 f
 what `init_from` a real checkpoint gives). Where a
 topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
 one row per shard (the `micro` column). Last line: one JSON object.
+
+`--lora` plans the `paper_lora` preset's agent instead (LoRA rank 64 on every projection, the frozen base in
+bfloat16): its train step holds the base, the adapters and their optimizer state (`lora_train_state`); its sampler
+programs run the merged weights, a plain model in the base's dtype (`Learner.publish` merges once per update).
 """
 
 from __future__ import annotations
@@ -51,10 +57,11 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
-from mgrpo_jax.model import DEFAULT_RULES, MeshRules, get_model_config, get_rules
+from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_config, get_rules
+from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.train.optim import make_optimizer
-from mgrpo_jax.train.state import abstract_agent_state
+from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state
 from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_logprob_fn, make_policy_step
 
 GIB = 1024**3
@@ -66,6 +73,7 @@ SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
 # --size -> (topologies, prefix of its JSON keys)
 SIZES = {"paper": (PAPER_TOPOLOGIES, "paper_moe"), "paper_dense": (PAPER_DENSE_TOPOLOGIES, "paper_dense"),
          "small": (SMALL_TOPOLOGIES, "small"), "small_moe": (SMALL_TOPOLOGIES, "small_moe")}
+LORA_TOPOLOGIES = {"v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v5p-64": "v5p:4x4x2"}
 PROGRAMS = ("train", "prefill", "decode")
 
 
@@ -84,17 +92,19 @@ class Plan:
     sample_rows: int
     max_new: int
     rules: tuple = DEFAULT_RULES  # the sharding rule set (`agent.sharding_rules`)
+    lora: object = None  # a LoraSpec (mgrpo_jax/model/lora.py): the train step trains adapters over a frozen base
 
 
 def paper_plan(agent: str = "sub", preset: str = "paper") -> Plan:
-    """The `paper` (or `paper_dense`) preset's agent (default: the sub-agent, the larger batch) with the
-    checkpoint's vocabulary."""
+    """The `paper` (or `paper_dense`, `paper_lora`) preset's agent (default: the sub-agent, the larger batch) with
+    the checkpoint's vocabulary."""
     c = get_config("xbench", preset)
     a = c[agent]
     model = get_model_config(a.model, **a.model_overrides.to_dict())
     rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
     return Plan(model, a.mesh.to_dict(), a.optim, a.loss, dict(a.loss_hparams), rows, a.micro_batches,
-                a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)))
+                a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)),
+                lora_spec(a.get("lora")))
 
 
 def small_plan() -> Plan:
@@ -145,10 +155,24 @@ def _abstract(shape, dtype, sharding):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
+def lora_train_state(plan: Plan, mesh: Mesh, optimizer):
+    """(graphdef, abstract adapter state, its sharding, abstract frozen base) of a LoRA plan's train step."""
+    graphdef, abs_state, sharding, base_sharding = abstract_lora_agent_state(plan.model, plan.lora, optimizer, mesh,
+                                                                             plan.rules)
+    _, abs_base = abstract_model(plan.model, mesh, plan.rules)
+    return graphdef, abs_state, sharding, jax.tree.map(lambda a, s: _abstract(a.shape, a.dtype, s), abs_base,
+                                                       base_sharding)
+
+
 def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
     optimizer = make_optimizer(plan.optim)
-    graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
-    step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches)
+    if plan.lora is None:
+        graphdef, abs_state, sharding = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
+        frozen = None
+    else:
+        graphdef, abs_state, sharding, frozen = lora_train_state(plan, mesh, optimizer)
+    step = make_policy_step(graphdef, optimizer, plan.loss, plan.loss_hparams, sharding, mesh, micro_batches,
+                            frozen=frozen)
     bshard = batch_sharding(mesh)
     B, T = plan.train_rows, plan.seq_len
     dtypes = {"tokens": jnp.int32, "positions": jnp.int32, "attention_mask": jnp.bool_, "loss_mask": jnp.float32,
@@ -156,8 +180,11 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
               "temperature": jnp.float32}
     per_row = ("advantages", "weights", "temperature")
     batch = {k: _abstract((B,) if k in per_row else (B, T), dtypes[k], bshard) for k in POLICY_KEYS}
-    if not float(plan.loss_hparams.get("kl_coef") or 0.0) > 0:
-        return step.jitted.lower(abs_state, batch)
+    extra = () if frozen is None else (frozen,)  # a LoRA agent's base
+    if not float(plan.loss_hparams.get("kl_coef") or 0.0) > 0 or frozen is not None:
+        # (A LoRA agent's KL reference is its base with the adapters off: already an argument; the reference's
+        # forward is not planned then.)
+        return step.jitted.lower(abs_state, batch, *extra)
     # With a KL term the agent also holds its frozen reference (the policy's shapes and shardings, train/learner.py)
     # and runs it on every batch for `ref_logprobs`: planned as one program, so both count.
     logprob = make_logprob_fn(graphdef, sharding, mesh, micro_batches=micro_batches)
@@ -291,13 +318,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--agent", choices=("main", "sub"), default="sub", help="paper size: which agent's shapes")
     parser.add_argument("--fit_fraction", type=float, default=0.9)
+    parser.add_argument("--lora", action="store_true", help="the paper_lora preset (default topologies: "
+                        + ", ".join(LORA_TOPOLOGIES) + ")")
     parser.add_argument("--model_overrides", default="", help="e.g. attn_chunk=0,remat=False (ints / bools)")
     args = parser.parse_args(argv)
 
     table, prefix = SIZES[args.size]
-    names = [n for n in args.topologies.split(",") if n] or list(table)
     small = {"small": small_plan, "small_moe": small_moe_plan}
-    plan = small[args.size]() if args.size in small else paper_plan(args.agent, args.size)
+    if args.lora and args.size not in small:
+        table, prefix = LORA_TOPOLOGIES, "paper_lora"
+    elif args.lora:
+        prefix += "_lora"
+    names = [n for n in args.topologies.split(",") if n] or list(table)
+    preset = "paper_lora" if args.lora else args.size
+    plan = small[args.size]() if args.size in small else paper_plan(args.agent, preset)
+    if args.lora and args.size in small:
+        plan = dataclasses.replace(plan, lora=paper_plan(preset="paper_lora").lora)
     if args.model_overrides:
         overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
         parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
@@ -307,7 +343,8 @@ def main(argv=None) -> dict:
     m = plan.model
     experts = f" ({m.num_experts} experts, {m.num_params(active=True) / 1e9:.2f}B active)" if m.num_experts else ""
     print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters{experts} "
-          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}); train "
+          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}"
+          f"{'' if plan.lora is None else f', LoRA rank {plan.lora.rank} on ' + ','.join(plan.lora.targets)}); train "
           f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
           f"{plan.seq_len - plan.max_new} + {plan.max_new} new; mesh {plan.mesh}; fits = at most "
           f"{args.fit_fraction:.0%} of HBM", flush=True)
@@ -324,7 +361,8 @@ def main(argv=None) -> dict:
                   f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
                   f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
 
-    figures = {"size": args.size, "fit_fraction": args.fit_fraction, "params_b": m.num_params() / 1e9,
+    figures = {"size": args.size, "lora": args.lora, "fit_fraction": args.fit_fraction,
+               "params_b": m.num_params() / 1e9,
                "seq_len": plan.seq_len, "train_rows": plan.train_rows}
     for row in rows:
         key = f"{prefix}_{row['program']}_{{}}_{_key(row['topology'])}"

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from mgrpo_jax.model import lora as lora_lib
 from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.moe import MOE_PARAMS, RouterStats, moe_mlp
 from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, constrain, state_shardings
@@ -159,15 +160,27 @@ def _param(arrays: dict, name: str) -> nnx.Param:
 
 
 class Layers(nnx.Module):
-    """All decoder blocks' parameters, stacked on a leading ``n_layers`` axis."""
+    """All decoder blocks' parameters, stacked on a leading ``n_layers`` axis, and their LoRA adapters
+    (``nnx.LoRAParam``, see :mod:`mgrpo_jax.model.lora`) when ``lora`` is given."""
 
-    def __init__(self, cfg: ModelConfig, arrays: dict[str, jax.Array]):
+    def __init__(self, cfg: ModelConfig, arrays: dict[str, jax.Array], lora: lora_lib.LoraSpec | None = None,
+                 key: jax.Array | None = None):
         for name in LAYER_PARAMS:
             if name in arrays:
                 setattr(self, name, _param(arrays, name))
+        self.lora = lora
+        if lora is not None:
+            for name, a in lora_lib.init_adapters(param_shapes(cfg), lora, key).items():
+                setattr(self, name, nnx.LoRAParam(a, logical_axes=lora_lib.adapter_axes(PARAM_AXES, name)))
 
     def arrays(self) -> dict[str, jax.Array]:
-        return {n: getattr(self, n)[...] for n in LAYER_PARAMS if hasattr(self, n)}
+        """The stacked arrays by name; each adapter's B factor comes already scaled by ``alpha / rank``."""
+        out = {n: getattr(self, n)[...] for n in LAYER_PARAMS if hasattr(self, n)}
+        if self.lora is not None:
+            for n in self.lora.targets:
+                out[n + lora_lib.SUFFIX_A] = getattr(self, n + lora_lib.SUFFIX_A)[...]
+                out[n + lora_lib.SUFFIX_B] = getattr(self, n + lora_lib.SUFFIX_B)[...] * self.lora.scale
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -349,13 +362,19 @@ def _dense_bwd(res, g):
 _dense2d.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
-    """``dense(x, w[name])``, or the same product from the ``[out, in]`` copy ``w[name + "_t"]`` (a decode
-    layout, :mod:`mgrpo_jax.sampling.layout`)."""
+def _project(x: jax.Array, w: dict, name: str, n_in: int = 1) -> jax.Array:
+    """``dense(x, w[name], n_in)``, or the same product from the ``[out, in]`` copy ``w[name + "_t"]`` (a decode
+    layout, :mod:`mgrpo_jax.sampling.layout`), plus the LoRA term ``dense(dense(x, A), scale B)`` when ``w``
+    holds the projection's adapter factors."""
     wt = w.get(name + "_t")
     if wt is None:
-        return dense(x, w[name])
-    return jax.lax.dot_general(x, wt, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=x.dtype)
+        y = dense(x, w[name], n_in)
+    else:
+        y = jax.lax.dot_general(x, wt, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=x.dtype)
+    a = w.get(name + lora_lib.SUFFIX_A)
+    if a is not None:
+        y = y + dense(dense(x, a, n_in), w[name + lora_lib.SUFFIX_B])
+    return y
 
 
 def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, token_mask,
@@ -370,9 +389,9 @@ def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, k
     eps, p1 = cfg.norm_eps, cfg.norm_plus_one
 
     h = rms_norm(x, lp["attn_norm"], eps, p1)
-    q = dense(h, w["q"])
-    k = dense(h, w["k"])
-    v = dense(h, w["v"])
+    q = _project(h, w, "q")
+    k = _project(h, w, "k")
+    v = _project(h, w, "v")
     if cfg.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = constrain(q, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
@@ -387,7 +406,7 @@ def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, k
     k_all, v_all, kv_state = kv_update(jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2))
     o = attention(q, k_all, v_all, mask, cfg, causal)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
-    x = x + dense(o, w["o"], 2)
+    x = x + _project(o, w, "o", 2)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
 
     h = rms_norm(x, lp["mlp_norm"], eps, p1)
@@ -411,12 +430,14 @@ def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, k
 class Transformer(nnx.Module):
     """Decoder-only LM. See the module docstring for the call convention and cache format."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh_rules: MeshRules | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, mesh_rules: MeshRules | None = None,
+                 lora: lora_lib.LoraSpec | None = None):
         self.cfg = cfg
         self.mesh_rules = mesh_rules
         arrays = init_params(cfg, rngs.params())
         self.embed = _param(arrays, "embed")
-        self.layers = Layers(cfg, arrays)
+        # The adapters' key is drawn only with LoRA, so a plain model's values are unchanged.
+        self.layers = Layers(cfg, arrays, lora, rngs.params() if lora is not None else None)
         self.final_norm = _param(arrays, "final_norm")
         if not cfg.tie_embeddings:
             self.lm_head = _param(arrays, "lm_head")
@@ -638,10 +659,12 @@ def token_logprobs(model: Transformer, tokens, positions, attention_mask=None) -
 # A Transformer placed on a mesh by logical rules (sharding.py)
 
 
-def abstract_model(cfg: ModelConfig, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES):
-    """(graphdef, abstract state with shardings) of a ``Transformer`` — no memory allocated."""
+def abstract_model(cfg: ModelConfig, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
+                   lora: lora_lib.LoraSpec | None = None):
+    """(graphdef, abstract state with shardings) of a ``Transformer`` (with ``lora``'s adapters) — no memory
+    allocated."""
     mr = None if mesh is None else MeshRules(mesh, tuple(rules))
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr))
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), mesh_rules=mr, lora=lora))
     graphdef, state = nnx.split(model)
     if mesh is not None:
         shard = state_shardings(state, mesh, rules)

@@ -6,10 +6,13 @@
   `model_config.json` (our `ModelConfig`), its `agent.json` (its config, for the optimizer layout of the
   checkpoints) and its tokenizer files (an `init_from` agent: the checkpoint's own, with the tokens appended to it
   and the family's chat template; otherwise the run's SentencePiece model, for `transformers`' `GemmaTokenizer`, with
-  our chat template: `tokenizer_hf.write_tokenizer_files`).
+  our chat template: `tokenizer_hf.write_tokenizer_files`). A LoRA agent's frozen base weights are saved there
+  once as well (`base/`, Orbax; kept when a resumed run records again): its checkpoints hold only the adapters
+  and their optimizer state, and this is the base they point to.
 * `export_agents(trainer)` (when a run finishes) writes every agent's current weights as `<workdir>/export/<name>/`.
 * `export_checkpoint(workdir, agent, out)` restores one agent's latest (or a given) checkpoint on this host's first
-  device and writes it to `out`. Paths may be local or gs:// URLs.
+  device and writes it to `out` (a LoRA agent: its recorded base with the checkpoint's adapters merged in). Paths
+  may be local or gs:// URLs.
 An agent whose architecture `transformers` has no equivalent for (`checkpoint_hf.config_to_hf` refuses it) is
 recorded without an export, with one log line saying why.
 """
@@ -22,24 +25,33 @@ import logging
 
 import jax
 import ml_collections
+import orbax.checkpoint as ocp
 from absl import app, flags
 from etils import epath
+from flax import nnx
 
-from mgrpo_jax.model import get_rules, make_mesh
+from mgrpo_jax.model import abstract_model, get_rules, make_mesh
 from mgrpo_jax.model.checkpoint_hf import config_to_hf, save_hf
 from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.tokenizer import Tokenizer
 from mgrpo_jax.tokenizer_hf import TOKENIZER_FILES, write_tokenizer_files
 from mgrpo_jax.train.checkpoint import Checkpointer
-from mgrpo_jax.train.state import abstract_agent_state, model_from_state
+from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state, merged_params, model_from_state
 
 log = logging.getLogger(__name__)
 
-RECORDS, EXPORTS = "agents", "export"
+RECORDS, EXPORTS, LORA_BASE = "agents", "export", "base"
 
 
 def record_agents(workdir: str, agents: dict) -> dict:
-    """Writes each agent's record (module docstring) on process 0; returns `agents`."""
+    """Writes each agent's record (module docstring) on process 0 (a LoRA base with every process); returns
+    `agents`."""
+    for name, learner in agents.items():
+        base = epath.Path(workdir) / RECORDS / name / LORA_BASE
+        if learner.lora is not None and not base.exists():
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(base, nnx.to_pure_dict(learner.base))
     if jax.process_index() != 0:
         return agents
     for name, learner in agents.items():
@@ -79,7 +91,7 @@ def export_agents(trainer) -> list[str]:
     for name, learner in trainer.agents.items():
         out = str(epath.Path(trainer.workdir) / EXPORTS / name)
         record = epath.Path(trainer.workdir) / RECORDS / name
-        if write_export(model_from_state(learner.graphdef, learner.state), record, out):
+        if write_export(learner.policy_model(), record, out):
             written.append(out)
     log.info("exported %s", written)
     return written
@@ -94,14 +106,25 @@ def export_checkpoint(workdir: str, agent: str, out: str, step: int | None = Non
                                 f"{sorted(p.name for p in (epath.Path(workdir) / RECORDS).glob('*'))})")
     agent_cfg = ml_collections.ConfigDict(json.loads((record / "agent.json").read_text()))
     mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
-    graphdef, abstract, _ = abstract_agent_state(_model_config(record), agent_cfg.optim, mesh,
-                                                 get_rules(agent_cfg.get("sharding_rules", "default")))
+    rules, model_cfg = get_rules(agent_cfg.get("sharding_rules", "default")), _model_config(record)
+    lora = lora_spec(agent_cfg.get("lora"))
+    if lora is None:
+        graphdef, abstract, _ = abstract_agent_state(model_cfg, agent_cfg.optim, mesh, rules)
+    else:
+        _, abstract, _, _ = abstract_lora_agent_state(model_cfg, lora, agent_cfg.optim, mesh, rules)
     checkpointer = Checkpointer(workdir)
     try:
         states, _ = checkpointer.restore({agent: abstract}, step=step)
     finally:
         checkpointer.close()
-    if not write_export(model_from_state(graphdef, states[agent]), record, out):
+    if lora is None:
+        model = model_from_state(graphdef, states[agent])
+    else:
+        graphdef, base = abstract_model(model_cfg, mesh, rules)  # abstract, with shardings: the restore target
+        with ocp.StandardCheckpointer() as restorer:
+            nnx.replace_by_pure_dict(base, restorer.restore(record / LORA_BASE, nnx.to_pure_dict(base)))
+        model = nnx.merge(graphdef, merged_params(states[agent].params, base, lora.scale))
+    if not write_export(model, record, out):
         raise ValueError(f"--agent={agent!r}: its architecture has no transformers equivalent")
     return out
 

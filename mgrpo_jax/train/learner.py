@@ -10,6 +10,12 @@ warm-started policy), sharded like them, never updated, checkpointed beside the 
 log-probs (`ref_logprobs`, at the batch's sampling temperatures) for the loss's KL term. With `kl_coef == 0` none
 of this exists. The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
 agent's sampler (the filters its behaviour log-probs were recorded under; temperatures come per row).
+
+A LoRA agent (`agent.lora.rank > 0`, `mgrpo_jax.model.lora`) trains its adapters only: `state` holds the adapters
+and their optimizer state, `base` the frozen base weights (never donated and not in the checkpoints: written once
+beside the run's agent record, `mgrpo_jax.train.export`, and rebuilt from the config on resume). Its KL reference
+is the base with the adapters off (no copy), and the sampler gets base + adapters merged once per policy update
+(`publish`).
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from mgrpo_jax.core.losses import loss_defaults
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.train.optim import make_optimizer
-from mgrpo_jax.train.state import create_agent_state_from_params
+from mgrpo_jax.train.state import create_agent_state_from_params, merged_params, reset_lora_optimizer
 from mgrpo_jax.train.step import make_logprob_fn, make_policy_step, make_sft_step, set_hparams
 
 # `temperature`: each row's sampling temperature, so the step's log-probs are those of the behaviour
@@ -49,6 +56,8 @@ class Learner:
     trainable: bool = True
     reference: object = None  # the frozen reference policy's parameters (kl_coef > 0 only)
     tokenizer: object = None  # its ChatTokenizer: the run's, or its `init_from` checkpoint's own
+    base: object = None  # a LoRA agent's frozen base weights (a plain Transformer's state); None without LoRA
+    lora: object = None  # its LoraSpec (mgrpo_jax.model.lora); None without LoRA
     _policy_step: object = dataclasses.field(default=None, repr=False)
     _reference_logprobs: object = dataclasses.field(default=None, repr=False)
 
@@ -65,12 +74,32 @@ class Learner:
         return float(self.config.loss_hparams.get("kl_coef") or 0.0)
 
     def freeze_reference(self) -> None:
-        """The current parameters become the KL reference (a copy on the same shardings); no-op for kl_coef 0."""
-        if self.kl_coef > 0:
+        """The current parameters become the KL reference (a copy on the same shardings); no-op for kl_coef 0
+        and for a LoRA agent, whose reference is its base."""
+        if self.kl_coef > 0 and self.lora is None:
             self.reference = jax.tree.map(jnp.copy, self.state.params)
 
+    @property
+    def reference_params(self):
+        """The KL reference's parameters (a plain Transformer's state), None for kl_coef 0."""
+        if self.kl_coef <= 0:
+            return None
+        return self.base if self.lora is not None else self.reference
+
+    def policy_params(self):
+        """The current policy as a plain Transformer's state: a LoRA agent's base with its adapters merged."""
+        if self.lora is None:
+            return self.state.params
+        return merged_params(self.state.params, self.base, self.lora.scale)
+
+    def policy_model(self):
+        """The current policy as a plain Transformer (what the sampler runs and an export writes)."""
+        return nnx.merge(self.sampler.graphdef, self.policy_params())
+
     def checkpoint_items(self) -> dict:
-        """What a checkpoint holds of this agent: `{name: state}`, plus `{name}_reference` with a KL reference."""
+        """What a checkpoint holds of this agent: `{name: state}` (a LoRA agent's: adapters and their optimizer state;
+        its base is written once beside the run's agent record, `mgrpo_jax.train.export.record_agents`), plus
+        `{name}_reference` with a full fine-tuning agent's KL reference."""
         items = {self.name: self.state}
         if self.reference is not None:
             items[f"{self.name}_reference"] = self.reference
@@ -83,12 +112,15 @@ class Learner:
         self.publish()
 
     def publish(self) -> None:
-        self.sampler.update_weights(self.state.params)
+        self.sampler.update_weights(self.policy_params())
 
     def reset_optimizer(self, optim_cfg) -> None:
         """Keep the parameters, start a fresh optimizer (warm start -> RL)."""
-        self.graphdef, self.state, self.sharding = create_agent_state_from_params(
-            self.model_config, self.state.params, optim_cfg, self.mesh, self.rules)
+        if self.lora is not None:
+            self.state, self.sharding = reset_lora_optimizer(self.state, self.sharding, optim_cfg)
+        else:
+            self.graphdef, self.state, self.sharding = create_agent_state_from_params(
+                self.model_config, self.state.params, optim_cfg, self.mesh, self.rules)
         self._policy_step = self._reference_logprobs = None  # built for the old state layout
         self.freeze_reference()
         self.publish()
@@ -96,7 +128,7 @@ class Learner:
     def sft_step(self, optim_cfg):
         """A jitted supervised step for the current state, whose optimizer must be `optim_cfg`'s."""
         return make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh,
-                             router_aux_loss_coef=self.config.get("router_aux_loss_coef"))
+                             router_aux_loss_coef=self.config.get("router_aux_loss_coef"), frozen=self.base)
 
     @property
     def policy_step(self):
@@ -106,7 +138,7 @@ class Learner:
             self._policy_step = make_policy_step(
                 self.graphdef, make_optimizer(cfg.optim), cfg.loss, cfg.loss_hparams.to_dict(), self.sharding,
                 self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p,
-                router_aux_loss_coef=cfg.get("router_aux_loss_coef"))
+                router_aux_loss_coef=cfg.get("router_aux_loss_coef"), frozen=self.base)
         return self._policy_step
 
     @policy_step.setter
@@ -116,11 +148,14 @@ class Learner:
     def reference_logprobs(self, batch: dict) -> jax.Array:
         """[B, T] teacher-forced log-probs of the frozen reference on `batch`, under the batch's sampling
         temperatures and this agent's sampler filters (as the policy step computes the policy's)."""
+        params = self.reference_params
         if self._reference_logprobs is None:
+            graphdef, sharding = ((self.graphdef, self.sharding) if self.lora is None else  # the base: a plain model
+                                  (self.sampler.graphdef, jax.tree.map(lambda x: x.sharding, params)))
             self._reference_logprobs = make_logprob_fn(
-                self.graphdef, self.sharding, self.mesh, micro_batches=self.config.micro_batches,
-                top_k=self.sampler.top_k, top_p=self.sampler.top_p)
-        return self._reference_logprobs(self.reference, batch["tokens"], batch["positions"], batch["attention_mask"],
+                graphdef, sharding, self.mesh,
+                micro_batches=self.config.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
+        return self._reference_logprobs(params, batch["tokens"], batch["positions"], batch["attention_mask"],
                                         batch["temperature"])
 
     def train(self, batches) -> dict:
@@ -135,7 +170,7 @@ class Learner:
         per_batch = []
         for batch in batches:
             train_batch = {k: batch[k] for k in TRAIN_KEYS}
-            if self.reference is not None:
+            if self.reference_params is not None:
                 train_batch["ref_logprobs"] = self.reference_logprobs(train_batch)
             metrics = {}
             for _ in range(self.config.passes):

@@ -30,6 +30,7 @@ training).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,7 @@ from mgrpo_jax.model import (
     abstract_model,
     state_shardings,
 )
+from mgrpo_jax.model.lora import merge_adapters
 from mgrpo_jax.train.optim import make_optimizer
 
 
@@ -189,3 +191,82 @@ def params_for_sampling(state: AgentState, copy: bool = False):
 def model_from_state(graphdef, state: AgentState) -> Transformer:
     """The ``Transformer`` view of an agent's current parameters (shares the buffers)."""
     return nnx.merge(graphdef, state.params)
+
+
+# ---------------------------------------------------------------------------------------------------
+# LoRA agents: the state trains the adapters only; the base is a separate, frozen, never-donated pytree.
+#
+#     graphdef, state, sharding, base = create_lora_agent_state(model_cfg, spec, optim_cfg, mesh, rules, seed=0)
+#     model = nnx.merge(graphdef, state.params, base)         # base + adapters (a LoRA Transformer)
+#
+# ``state.params`` holds the ``nnx.LoRAParam`` factors (float32), so gradients, optimizer moments and
+# checkpoints cover the adapters only. ``base`` is exactly a plain ``Transformer``'s state (same paths, in
+# ``param_dtype``): the KL reference (adapters off) and, merged with the adapters, the sampler's weights.
+
+
+def split_lora(state):
+    """``(adapters, base)`` of a LoRA Transformer's ``nnx.State``."""
+    return nnx.filter_state(state, nnx.LoRAParam, nnx.Param)
+
+
+def abstract_lora_agent_state(model_cfg, spec, optimizer_or_cfg, mesh: Mesh, rules: Sequence = DEFAULT_RULES):
+    """``(graphdef, abstract AgentState of the adapters, its sharding, the base's sharding)`` — no memory used."""
+    rules = tuple(rules)
+    optimizer = as_optimizer(optimizer_or_cfg)
+    graphdef, abs_all = abstract_model(model_cfg, mesh, rules, lora=spec)
+    abs_adapters, abs_base = split_lora(_strip(abs_all))
+    sharding = agent_state_sharding(optimizer, abs_adapters, mesh, rules)
+    abs_state = AgentState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abs_adapters,
+                           opt_state=jax.eval_shape(optimizer.init, abs_adapters))
+    abs_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, sharding)
+    return graphdef, abs_state, sharding, state_shardings(abs_base, mesh, rules)
+
+
+def create_lora_agent_state(model_cfg, spec, optimizer_or_cfg, mesh: Mesh, rules: Sequence = DEFAULT_RULES,
+                            seed: int | jax.Array = 0, base_params=None, step: int = 0):
+    """A LoRA agent: ``(graphdef, state, state_sharding, base)``, born sharded.
+
+    The base is ``base_params`` (a plain ``Transformer``'s ``nnx.State`` or pure dict: an imported checkpoint,
+    a warm-started policy), placed by the rules in ``param_dtype``, or else the seed's initialisation (the
+    values a plain ``create_agent_state`` with that seed has). The adapters come from the seed (B = 0, so the
+    agent starts as its base) with a fresh optimizer state."""
+    rules = tuple(rules)
+    optimizer = as_optimizer(optimizer_or_cfg)
+    graphdef, _, sharding, base_sharding = abstract_lora_agent_state(model_cfg, spec, optimizer, mesh, rules)
+    mr = MeshRules(mesh, rules)
+    key = seed if isinstance(seed, jax.Array) else jax.random.key(int(seed))
+
+    def init(k):
+        adapters, base = split_lora(nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(k), mesh_rules=mr, lora=spec)))
+        return AgentState(step=jnp.asarray(step, jnp.int32), params=adapters,
+                          opt_state=optimizer.init(adapters)), base
+
+    if base_params is None:
+        state, base = jax.jit(init, out_shardings=(sharding, base_sharding))(key)
+    else:  # the random base is dead code under jit: only the adapters are computed
+        state = jax.jit(lambda k: init(k)[0], out_shardings=sharding)(key)
+        _, base, _ = create_agent_state_from_params(model_cfg, base_params, optax.identity(), mesh, rules)
+        base = base.params
+    return graphdef, state, sharding, base
+
+
+def reset_lora_optimizer(state: AgentState, sharding: AgentState, optimizer_or_cfg) -> AgentState:
+    """``(state, sharding)``: the same adapters under a fresh optimizer state of ``optimizer_or_cfg`` (warm
+    start -> RL)."""
+    optimizer = as_optimizer(optimizer_or_cfg)
+    shard = agent_state_sharding(optimizer, _strip(state.params), sharding.step.mesh)
+    shard = AgentState(step=shard.step, params=sharding.params, opt_state=shard.opt_state)
+    fresh = jax.jit(lambda p: AgentState(step=jnp.zeros((), jnp.int32), params=p, opt_state=optimizer.init(p)),
+                    out_shardings=shard)
+    return fresh(_copy(state.params)), shard
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def merged_params(adapters, base, scale: float):
+    """A plain ``Transformer``'s state: ``base`` with every adapter folded in (``W + scale A B``, ``W``'s dtype)."""
+    layers = {n: v[...] for n, v in base["layers"].items()}
+    folded = merge_adapters(layers, {n: v[...] for n, v in adapters["layers"].items()}, scale)
+    out = jax.tree.map(lambda x: x, base)
+    for name, value in folded.items():
+        out["layers"][name] = out["layers"][name].replace(value)
+    return out

@@ -176,7 +176,7 @@ def policy_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, top
 
 
 def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour: bool = False, top_k: int = 0,
-             top_p: float = 1.0, router_aux_loss_coef: float | None = None):
+             top_p: float = 1.0, router_aux_loss_coef: float | None = None, frozen=None):
     """Teacher-forced log-probs [B, T] (``token_logprobs`` convention) and optionally the logits that
     predicted them ([B, T - 1, V]: position t predicts token t + 1).
 
@@ -184,10 +184,11 @@ def _forward(graphdef, params, mb: dict, with_logits: bool = False, *, behaviour
     ``behaviour=True``: the sampling distribution the behaviour log-probs were recorded under
     (:func:`policy_logits`), each row at ``mb['temperature']`` (1 when the batch has no such key), with the
     static ``top_k`` / ``top_p``; the returned logits are then those of that distribution.
+    ``frozen``: the rest of the model's state when ``params`` is only its trained part (a LoRA agent's base).
 
     Third value: an MoE model's ``(weighted router loss, routing metrics)`` (``None`` for a dense model).
     """
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     tokens = mb["tokens"]
     mask = mb["attention_mask"].astype(jnp.bool_)
     logits, _, stats = model(tokens, mb["positions"], attention_mask=mask, router_stats=True)
@@ -241,9 +242,10 @@ def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_e
     """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss, with
     log-probs (and entropy) of the behaviour distribution (``mb['temperature']``, ``top_k``, ``top_p``)."""
 
-    def f(params, mb):
+    def f(params, mb, frozen=None):
         lp, logits, router = _forward(graphdef, params, mb, with_logits=compute_entropy, behaviour=True,
-                                      top_k=top_k, top_p=top_p, router_aux_loss_coef=router_aux_loss_coef)
+                                      top_k=top_k, top_p=top_p, router_aux_loss_coef=router_aux_loss_coef,
+                                      frozen=frozen)
         entropy = _shifted_entropy(logits) if compute_entropy else None
         inputs = PolicyLossInputs(
             logprobs=lp, old_logprobs=mb["old_logprobs"].astype(jnp.float32),
@@ -259,9 +261,9 @@ def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_e
 def sft_micro_loss(graphdef, router_aux_loss_coef: float | None = None):
     """Token-mean cross-entropy on trained tokens (``loss_mask``), rows weighted by ``weights`` if given."""
 
-    def f(params, mb):
+    def f(params, mb, frozen=None):
         lp, logits, router = _forward(graphdef, params, mb, with_logits=True,
-                                      router_aux_loss_coef=router_aux_loss_coef)
+                                      router_aux_loss_coef=router_aux_loss_coef, frozen=frozen)
         mask = _trained_mask(mb)
         w = mb.get("weights")
         w = jnp.ones((mask.shape[0],), jnp.float32) if w is None else w.astype(jnp.float32)
@@ -309,11 +311,13 @@ class TrainStep:
     """A jitted ``step(state, batch) -> (new_state, metrics)`` (see the module docstring).
 
     Attributes: ``jitted`` (the ``jax.jit`` function, e.g. for ``.lower``), ``batch_sharding``,
-    ``micro_batches``, ``trace_count`` (how many times the step was traced: 1 per batch shape/structure).
+    ``micro_batches``, ``trace_count`` (how many times the step was traced: 1 per batch shape/structure),
+    ``frozen`` (what the jitted step takes as its third argument, e.g. a LoRA agent's base; None: two arguments).
     """
 
-    def __init__(self, jitted, sharding: NamedSharding, micro_batches: int, counter: list):
+    def __init__(self, jitted, sharding: NamedSharding, micro_batches: int, counter: list, frozen=None):
         self.jitted = jitted
+        self.frozen = frozen  # the part of the model the step reads but never updates (a LoRA agent's base)
         self.batch_sharding = sharding
         self.micro_batches = micro_batches
         self._counter = counter
@@ -323,14 +327,20 @@ class TrainStep:
         return self._counter[0]
 
     def __call__(self, state: AgentState, batch: dict):
+        if self.frozen is not None:
+            return self.jitted(state, _place(batch, self.batch_sharding), self.frozen)
         return self.jitted(state, _place(batch, self.batch_sharding))
 
 
 def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Callable,
                state_sharding: AgentState, mesh: Mesh, micro_batches: int = 1, *,
-               batch_axes: Sequence[str] = BATCH_AXES, donate: bool = True) -> TrainStep:
+               batch_axes: Sequence[str] = BATCH_AXES, donate: bool = True, frozen=None) -> TrainStep:
     """The shared machinery: exact accumulation of ``micro_loss(params, mb) -> (loss_sum, (denom,
-    metrics))`` over micro-batches, one optimizer update, jitted with shardings and donation."""
+    metrics))`` over micro-batches, one optimizer update, jitted with shardings and donation.
+
+    ``frozen``: parameters the loss reads but that are neither differentiated, updated nor donated (a LoRA
+    agent's base, :func:`mgrpo_jax.train.state.create_lora_agent_state`); the step then calls
+    ``micro_loss(params, mb, frozen)`` and keeps them in their own shardings."""
     del graphdef  # captured by micro_loss; kept in the signature for symmetry
     micro_batches = int(micro_batches)
     bshard = batch_sharding(mesh, batch_axes)
@@ -339,14 +349,15 @@ def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Ca
     counter = [0]
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def step(state: AgentState, batch: dict):
+    def step(state: AgentState, batch: dict, frozen=None):
         counter[0] += 1
         _check_rows(batch["tokens"].shape[0], micro_batches, shards)
         params = state.params
 
         def one(mb):
             mb = jax.lax.with_sharding_constraint(mb, bshard)
-            (loss_sum, (denom, metrics)), grads = grad_fn(params, mb)
+            args = (params, mb) if frozen is None else (params, mb, frozen)
+            (loss_sum, (denom, metrics)), grads = grad_fn(*args)
             grads = jax.lax.with_sharding_constraint(grads, state_sharding.params)
             return grads, loss_sum, denom, metrics
 
@@ -389,45 +400,50 @@ def build_step(graphdef, optimizer: optax.GradientTransformation, micro_loss: Ca
         )
         return new_state, out
 
-    jitted = jax.jit(step, in_shardings=(state_sharding, bshard), out_shardings=(state_sharding, replicated),
+    in_shardings = (state_sharding, bshard)
+    if frozen is not None:
+        in_shardings += (jax.tree.map(lambda x: x.sharding, frozen),)
+    jitted = jax.jit(step, in_shardings=in_shardings, out_shardings=(state_sharding, replicated),
                      donate_argnums=(0,) if donate else ())
-    return TrainStep(jitted, bshard, micro_batches, counter)
+    return TrainStep(jitted, bshard, micro_batches, counter, frozen)
 
 
 def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_name: str,
                      loss_hparams: dict | None, state_sharding: AgentState, mesh: Mesh,
                      micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
                      compute_entropy: bool = False, donate: bool = True, top_k: int = 0,
-                     top_p: float = 1.0, router_aux_loss_coef: float | None = None) -> TrainStep:
+                     top_p: float = 1.0, router_aux_loss_coef: float | None = None, frozen=None) -> TrainStep:
     """Policy-gradient step with the registered loss ``loss_name`` (``grpo``, ``dr_grpo``, ``gspo``, ...)
     and its keyword hyper-parameters. ``compute_entropy`` adds the policy's token entropy to the metrics
     (costs a softmax over the vocabulary). ``top_k`` / ``top_p``: the filters of the sampler that recorded
     the batches' behaviour log-probs (its ``Sampler.top_k`` / ``Sampler.top_p``; 0 / 1.0 = off); the
     per-row temperature comes with the batch. ``router_aux_loss_coef``: an MoE model's load-balancing weight
-    (``None``: its config's). See the module docstring for the batch and the metrics."""
+    (``None``: its config's). ``frozen``: a LoRA agent's base (see ``build_step``). See the module docstring for
+    the batch and the metrics."""
     micro = policy_micro_loss(graphdef, get_loss(loss_name), set_hparams(loss_hparams), compute_entropy,
                               int(top_k), float(top_p), router_aux_loss_coef)
     return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
-                      batch_axes=batch_axes, donate=donate)
+                      batch_axes=batch_axes, donate=donate, frozen=frozen)
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, state_sharding: AgentState,
                   mesh: Mesh, micro_batches: int = 1, *, batch_axes: Sequence[str] = BATCH_AXES,
-                  donate: bool = True, router_aux_loss_coef: float | None = None) -> TrainStep:
+                  donate: bool = True, router_aux_loss_coef: float | None = None, frozen=None) -> TrainStep:
     """Supervised step: token-mean cross-entropy over ``loss_mask`` tokens (clones expert transcripts).
 
     Metrics: ``loss`` (mean NLL per trained token), ``accuracy`` (greedy next-token accuracy), ``tokens``,
     plus the common ones.
     """
     return build_step(graphdef, optimizer, sft_micro_loss(graphdef, router_aux_loss_coef), state_sharding, mesh,
-                      micro_batches, batch_axes=batch_axes, donate=donate)
+                      micro_batches, batch_axes=batch_axes, donate=donate, frozen=frozen)
 
 
 def make_logprob_fn(graphdef, state_sharding: AgentState, mesh: Mesh, *, micro_batches: int = 1,
                     batch_axes: Sequence[str] = BATCH_AXES, top_k: int = 0, top_p: float = 1.0):
     """Jitted ``fn(params, tokens, positions, attention_mask, temperature=None) -> [B, T] float32``
     teacher-forced log-probs (``token_logprobs`` convention: column 0 and padding are 0), e.g. to recompute
-    old / reference log-probs. ``params`` is ``state.params`` (or a frozen reference's). Without
+    old / reference log-probs. ``params`` is ``state.params`` (or a frozen reference's; ``state_sharding``
+    may then be the parameters' shardings alone, e.g. a LoRA agent's base). Without
     ``temperature`` and filters they are the model's own log-probs; ``temperature`` [B] (0 = greedy) with
     ``top_k`` / ``top_p`` gives those of the sampling distribution, as the policy step computes them.
     ``micro_batches`` bounds memory (rows are processed in that many chunks under ``lax.map``)."""
@@ -451,7 +467,8 @@ def make_logprob_fn(graphdef, state_sharding: AgentState, mesh: Mesh, *, micro_b
         mbs = jax.tree.map(lambda x: _split_micro(x, micro_batches), batch)
         return _merge_micro(jax.lax.map(one, mbs))
 
-    jitted = jax.jit(fn, in_shardings=(state_sharding.params, bshard, bshard, bshard, bshard),
+    param_sharding = state_sharding.params if isinstance(state_sharding, AgentState) else state_sharding
+    jitted = jax.jit(fn, in_shardings=(param_sharding, bshard, bshard, bshard, bshard),
                      out_shardings=bshard)
 
     def call(params, tokens, positions, attention_mask, temperature=None):

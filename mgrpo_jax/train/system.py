@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 from etils import epath
+from flax import nnx
 
 from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorldConfig, build_compact_environment
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
@@ -33,7 +34,8 @@ from mgrpo_jax.env.tools import (
     sub_agent_toolbox,
 )
 from mgrpo_jax.env.world import CHARS_PER_TOKEN, WorldConfig
-from mgrpo_jax.model import get_model_config, get_rules, make_mesh
+from mgrpo_jax.model import abstract_model, get_model_config, get_rules, make_mesh
+from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.rollout.engine import DELEGATE, AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.store.retry import RetryPolicy
@@ -41,7 +43,13 @@ from mgrpo_jax.tokenizer import PROTOCOL_TAGS, ChatTokenizer, Tokenizer
 from mgrpo_jax.tokenizer_hf import load_checkpoint_tokenizer
 from mgrpo_jax.train import pretrained
 from mgrpo_jax.train.learner import Learner
-from mgrpo_jax.train.state import create_agent_state, create_agent_state_from_params, model_from_state
+from mgrpo_jax.train.state import (
+    create_agent_state,
+    create_agent_state_from_params,
+    create_lora_agent_state,
+    merged_params,
+    model_from_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,22 +201,33 @@ def build_agent(name: str, agent_cfg, tokenizer: ChatTokenizer, devices, seed: i
     mesh = make_mesh(agent_cfg.mesh.to_dict(), devices)
     rules = get_rules(agent_cfg.get("sharding_rules", "default"))
     optim_cfg = optim_cfg or agent_cfg.optim
+    params = None
     if agent_cfg.get("init_from"):
         model_config, params = pretrained.load_pretrained(agent_cfg, tokenizer, mesh, rules)
-        graphdef, state, sharding = create_agent_state_from_params(model_config, params, optim_cfg, mesh, rules)
     else:
         overrides = dict(agent_cfg.model_overrides.to_dict())
         overrides.setdefault("vocab_size", tokenizer.vocab_size)
         model_config = get_model_config(agent_cfg.model, **overrides)
         if model_config.vocab_size < tokenizer.vocab_size:
             raise ValueError(f"{name}: model vocab {model_config.vocab_size} < tokenizer vocab {tokenizer.vocab_size}")
-        graphdef, state, sharding = create_agent_state(model_config, optim_cfg, mesh, rules, seed=seed)
-    sampler = Sampler(model_from_state(graphdef, state), pad_id=tokenizer.pad_id,
-                      decode_phases=agent_cfg.decode_phases)
-    log.info("%s agent: %s, %.2fM parameters, mesh %s", name, agent_cfg.get("init_from") or agent_cfg.model,
-             model_config.num_params() / 1e6, dict(mesh.shape))
+    lora, base = lora_spec(agent_cfg.get("lora")), None
+    if lora is not None:
+        graphdef, state, sharding, base = create_lora_agent_state(model_config, lora, optim_cfg, mesh, rules,
+                                                                  seed=seed, base_params=params)
+        policy = nnx.merge(abstract_model(model_config, mesh, rules)[0], merged_params(state.params, base, lora.scale))
+    else:
+        if params is not None:
+            graphdef, state, sharding = create_agent_state_from_params(model_config, params, optim_cfg, mesh, rules)
+        else:
+            graphdef, state, sharding = create_agent_state(model_config, optim_cfg, mesh, rules, seed=seed)
+        policy = model_from_state(graphdef, state)
+    sampler = Sampler(policy, pad_id=tokenizer.pad_id, decode_phases=agent_cfg.decode_phases)
+    log.info("%s agent: %s, %.2fM parameters%s, mesh %s", name, agent_cfg.get("init_from") or agent_cfg.model,
+             model_config.num_params() / 1e6,
+             "" if lora is None else f" + LoRA rank {lora.rank} on {','.join(lora.targets)} "
+             f"({sum(x.size for x in jax.tree.leaves(state.params)) / 1e6:.2f}M trained)", dict(mesh.shape))
     return Learner(name, agent_cfg, model_config, mesh, graphdef, state, sharding, sampler, rules,
-                   tokenizer=tokenizer)
+                   tokenizer=tokenizer, base=base, lora=lora)
 
 
 def agent_names(mode: str) -> tuple[str, ...]:
