@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from mgrpo_jax.bench.store import stop_emulator
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BUCKET = "mgrpo-test"
+START_TIMEOUT_S = 120
 
 
 def free_port() -> int:
@@ -64,7 +66,8 @@ def start_emulator(port: int = EMULATOR_PORT, data_dir: Path | None = None) -> s
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=subprocess_env())
-    line = proc.stdout.readline()
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else f"nothing in {START_TIMEOUT_S} s"
     if not line.startswith("READY"):
         stop_emulator(proc)
         raise RuntimeError(f"GCS emulator did not start (said {line!r}, exit code {proc.poll()})")

@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     from gcp_storage_emulator.handlers.buckets import create_bucket
     from gcp_storage_emulator.server import create_server
 
+    with socket.socket() as probe:  # the emulator's server thread would wait forever on a port that is taken
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as error:
+            print(f"FAILED to bind {args.host}:{args.port}: {error}", flush=True)
+            return 1
     in_memory = args.data_dir is None
     srv = create_server(args.host, args.port, in_memory, None, data_dir=args.data_dir)
     for bucket in args.bucket:

@@ -43,8 +43,8 @@ def _wait_for_line(proc: subprocess.Popen, text: str, timeout_s: float) -> list[
 @pytest.mark.slow
 def test_emulator_outage_mid_run_loses_and_duplicates_nothing(tmp_path):
     """The on-disk emulator is stopped once the first step is through, stays down OUTAGE_S seconds and restarts
-    on the same port and directory. Both sides ride the outage out on the store's retries (transient errors
-    counted) and finish every step; then every task has exactly one answer (the right one), every step both
+    on the same port and directory. Both sides ride the outage out on retries (ours or TensorStore's)
+    and finish every step; then every task has exactly one answer (the right one), every step both
     commits with the right arrays, and the FIFO holds each sub-trajectory exactly once, in order, all popped."""
     port, data_dir = free_port(), tmp_path / "gcs"
     emulator_url = f"http://127.0.0.1:{port}"
@@ -58,14 +58,16 @@ def test_emulator_outage_mid_run_loses_and_duplicates_nothing(tmp_path):
         assert all(w.poll() is None for w in workers), "a worker finished before the outage"
         stop_emulator(emulator)
         time.sleep(OUTAGE_S)
+        assert all(w.poll() is None for w in workers), "a worker finished during the outage"
         emulator = start_emulator(port, data_dir)
         outputs = []
         for worker in workers:
             out, err = worker.communicate(timeout=240)
             assert worker.returncode == 0, err[-4000:]
             outputs.append(out)
-        transient = [int(out.strip().splitlines()[-1].rsplit(" ", 1)[1]) for out in outputs]
-        assert sum(transient) > 0, f"no store error during the outage: {outputs}"
+        # Who absorbs the outage varies with timing: TensorStore's GCS driver retries requests itself (backing
+        # off from 1 s), so on a slow machine our retry layer may count no error; both sides crossed it either way.
+        assert all(out.strip().splitlines()[-1].rsplit(" ", 1)[1].isdigit() for out in outputs), outputs
         inspected = subprocess.run(
             [sys.executable, str(HERE / "exchange_worker.py"), "inspect", url, *map(str, (STEPS, Q, K, ROUNDS))],
             env=env, capture_output=True, text=True, timeout=120)

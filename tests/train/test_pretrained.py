@@ -203,7 +203,7 @@ def test_init_from_a_gs_url_loads_what_the_local_directory_gives(qwen3_dir):
     """The checkpoint and its tokenizer read from a bucket (the local GCS emulator) equal the local ones."""
     from tests.store import conftest as store_conftest  # sets the emulator's endpoint before gcsfs is imported
 
-    with store_conftest.running_emulator():
+    with store_conftest.shared_emulator():  # this worker's session emulator when the store tests started it
         import gcsfs
 
         url = f"gs://{store_conftest.BUCKET}/checkpoints/{qwen3_dir.name}"

@@ -48,7 +48,9 @@ def test_append_file_and_atomic_writes_on_the_bucket(gcs_emulator):
 def test_a_gs_workdir_holds_every_file_and_resumes_from_the_bucket(gcs_emulator, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # anything written locally would land here (or in a folder named "gs:")
     workdir = f"gs://{store_conftest.BUCKET}/{uuid.uuid4().hex[:8]}/run"
-    monkeypatch.setattr(logging.getLogger("mgrpo_jax"), "level", logging.INFO)
+    package_logger = logging.getLogger("mgrpo_jax")
+    level = package_logger.level
+    package_logger.setLevel(logging.INFO)  # setLevel, not setattr: it clears the loggers' isEnabledFor caches
     log_path = log_to_file(workdir)
     handler = logging.getLogger().handlers[-1]
     try:
@@ -76,4 +78,5 @@ def test_a_gs_workdir_holds_every_file_and_resumes_from_the_bucket(gcs_emulator,
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+        package_logger.setLevel(level)
     assert list(tmp_path.iterdir()) == []  # nothing written locally
