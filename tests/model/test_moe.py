@@ -213,29 +213,18 @@ def test_cached_decode_equals_full_forward():
 
 
 def test_sampler_logprobs_are_the_train_steps_and_router_loss_is_added():
-    from mgrpo_jax.rollout import batches
-    from mgrpo_jax.rollout.episode import Episode
     from mgrpo_jax.sampling import Sampler
     from mgrpo_jax.train.state import create_agent_state, model_from_state
     from mgrpo_jax.train.step import make_policy_step
+    from tests.train.test_behaviour_logprobs import on_policy_batch
 
     sgd = optax.sgd(1.0)
     cfg = _cfg(vocab_size=64, n_layers=3, mlp_only_layers=(1,))
     mesh = make_mesh({"data": 2, "expert": 4})
     g, state, sharding = create_agent_state(cfg, sgd, mesh, seed=5)
     assert state.params["layers"]["expert_up"].sharding.spec[1] == "expert"
-    sampler = Sampler(model_from_state(g, state), pad_id=0)
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(1, 64, size=int(n))) for n in rng.integers(3, 8, size=4)]
-    out = sampler.sample(prompts, max_new=8, rng=0, temperature=1.0)
-    rows = []
-    for i, prompt in enumerate(prompts):
-        episode = Episode(agent="main", question_index=0, rollout=i)
-        episode.extend(prompt)
-        n = int(out.lengths[i])
-        episode.extend(out.tokens[i, :n], trained=True, logprobs=out.logprobs[i, :n])
-        rows.append(episode)
-    batch = batches.top_batch([rows], rng.normal(size=4).astype(np.float32), 24, pad_id=0, temperature=1.0)
+    batch = on_policy_batch(Sampler(model_from_state(g, state), pad_id=0), 1.0, seed=0, rows=4, max_new=8,
+                            seq_len=24)
 
     metrics = {}
     for coef in (0.0, 0.5):

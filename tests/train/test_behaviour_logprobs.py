@@ -33,11 +33,11 @@ def agent(tiny_cfg, mesh1):
     return create_agent_state(tiny_cfg, SGD, mesh1, seed=5)
 
 
-def _on_policy_batch(sampler, temperature, seed):
+def on_policy_batch(sampler, temperature, seed, rows=ROWS, max_new=MAX_NEW, seq_len=SEQ_LEN):
     """Prompts -> the real sampler -> Episodes -> batches.top_batch, as the rollout engine and trainer do."""
     rng = np.random.default_rng(seed)
-    prompts = [list(rng.integers(1, 64, size=int(n))) for n in rng.integers(3, 8, size=ROWS)]
-    out = sampler.sample(prompts, max_new=MAX_NEW, rng=seed, temperature=temperature)
+    prompts = [list(rng.integers(1, 64, size=int(n))) for n in rng.integers(3, 8, size=rows)]
+    out = sampler.sample(prompts, max_new=max_new, rng=seed, temperature=temperature)
     row = []
     for i, prompt in enumerate(prompts):
         episode = Episode(agent="main", question_index=0, rollout=i)
@@ -45,8 +45,8 @@ def _on_policy_batch(sampler, temperature, seed):
         n = int(out.lengths[i])
         episode.extend(out.tokens[i, :n], trained=True, logprobs=out.logprobs[i, :n])
         row.append(episode)
-    advantages = rng.normal(size=ROWS).astype(np.float32)
-    return batches.top_batch([row], advantages, SEQ_LEN, pad_id=0, temperature=temperature)
+    advantages = rng.normal(size=rows).astype(np.float32)
+    return batches.top_batch([row], advantages, seq_len, pad_id=0, temperature=temperature)
 
 
 @pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (5, 1.0), (0, 0.8)])
@@ -57,7 +57,7 @@ def test_on_policy_ratios_are_one(agent, mesh1, top_k, top_p):
                             top_p=sampler.top_p)
     model_lp = make_logprob_fn(g, sharding, mesh1)  # the model's own (T = 1, unfiltered) log-probs
     for seed, temperature in enumerate((0.7, 1.0, MIXED)):
-        batch = _on_policy_batch(sampler, temperature, seed)
+        batch = on_policy_batch(sampler, temperature, seed)
         assert batch["temperature"].shape == (ROWS,)
         _, metrics = step(state, batch)
         m = jax.device_get(metrics)
@@ -81,7 +81,7 @@ def test_on_policy_ratios_are_one(agent, mesh1, top_k, top_p):
 def test_logprob_fn_takes_the_behaviour_distribution(agent, mesh1):
     g, state, sharding = agent
     sampler = Sampler(model_from_state(g, state), pad_id=0, top_k=5)
-    batch = _on_policy_batch(sampler, MIXED, seed=7)
+    batch = on_policy_batch(sampler, MIXED, seed=7)
     fn = make_logprob_fn(g, sharding, mesh1, top_k=5, micro_batches=2)
     lp = np.asarray(fn(state.params, batch["tokens"], batch["positions"], batch["attention_mask"],
                        batch["temperature"]))
