@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     from gcp_storage_emulator.server import create_server
 
     with socket.socket() as probe:  # the emulator's server thread would wait forever on a port that is taken
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
         try:
             probe.bind((args.host, args.port))
         except OSError as error:
