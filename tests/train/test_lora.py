@@ -16,7 +16,7 @@ from mgrpo_jax.model.lora import PROJECTIONS, lora_delta, lora_spec, merge_adapt
 from mgrpo_jax.train import system
 from mgrpo_jax.train.state import create_agent_state
 from tests.train.conftest import make_batch
-from tests.train.test_behaviour_logprobs import _on_policy_batch
+from tests.train.test_behaviour_logprobs import on_policy_batch
 
 TOKENIZER = types.SimpleNamespace(vocab_size=64, pad_id=0)
 TINY = {"d_model": 32, "n_layers": 2, "mlp_dim": 64, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16, "vocab_size": 64}
@@ -136,7 +136,7 @@ def test_sampler_logprobs_equal_the_train_steps():
     for seed in range(2):  # adapters away from B = 0
         learner.train(_batch(learner, seed))
     for seed, temperature in enumerate((1.0, 0.7)):
-        batch = _on_policy_batch(learner.sampler, temperature, seed)
+        batch = on_policy_batch(learner.sampler, temperature, seed)
         _, metrics = learner.policy_step(jax.tree.map(jnp.copy, learner.state), batch)
         m = jax.device_get(metrics)
         assert m["tokens"] > 0 and m["skipped"] == 0
