@@ -55,27 +55,34 @@ class Phase:
     def __init__(self, progress: Progress | None, description: str, total: int, done: int = 0):
         self.description, self.total, self.done = description, int(total), int(done)
         self._progress = progress
-        # (time, done) after each step of this process; the pace starts after the first one, which compiles
-        self._times: deque[tuple[float, int]] = deque(maxlen=ETA_WINDOW + 1)
+        # (seconds, steps) between consecutive updates of this process: the first step (it compiles) and the first
+        # after a pause (another phase ran meanwhile) start a new interval instead of ending one
+        self._intervals: deque[tuple[float, int]] = deque(maxlen=ETA_WINDOW)
+        self._last: tuple[float, int] | None = None
         self._task = None
         if progress is not None:
             self._task = progress.add_task(description, total=self.total, completed=self.done, figures="")
 
     def update(self, done: int, **figures) -> None:
-        self.done = int(done)
-        self._times.append((time.perf_counter(), self.done))
+        now = time.perf_counter()
+        if self._last is not None and done > self._last[1]:
+            self._intervals.append((now - self._last[0], int(done) - self._last[1]))
+        self.done, self._last = int(done), (now, int(done))
         if self._task is not None:
             self._progress.update(self._task, completed=self.done, figures=format_figures(figures))
 
+    def pause(self) -> None:
+        """Other work runs before this phase's next step (the warm start alternates agents by rounds): the time
+        until then is not this phase's pace."""
+        self._last = None
+
     def eta_seconds(self) -> float | None:
-        """Seconds left at the pace of the last `ETA_WINDOW` steps of this process, not counting its first (None
-        before its second)."""
-        if len(self._times) < 2:
+        """Seconds left at the pace of this process's last `ETA_WINDOW` steps, not counting its first nor the first
+        after a pause (None before there is an interval)."""
+        if not self._intervals:
             return None
-        (t0, d0), (t1, d1) = self._times[0], self._times[-1]
-        if d1 <= d0:
-            return None
-        return (t1 - t0) / (d1 - d0) * max(self.total - self.done, 0)
+        seconds, steps = map(sum, zip(*self._intervals, strict=True))
+        return seconds / steps * max(self.total - self.done, 0)
 
     def line(self, **figures) -> str:
         """`done/total | figures | ETA`: the phase's log line."""

@@ -153,6 +153,7 @@ def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
                     log.info("warm start %s %s", name, bar.line(loss=clone.losses[-1]))
                 clone.done += 1
                 save(force=False)
+            bar.pause()  # the other agents' rounds and the format check run before its next step
             agent.publish()
         for name in active:
             clones[name].finished = clones[name].done >= clones[name].steps

@@ -45,6 +45,20 @@ def test_phase_pace_follows_the_last_steps_only(monkeypatch):
     assert phase.eta_seconds() == pytest.approx(71.0)  # 71 steps left at the last 10 steps' 1 s
 
 
+def test_time_spent_in_other_phases_is_not_pace(monkeypatch):
+    """The warm start runs agents by rounds: the sub's bar pauses while the main agent's round runs."""
+    clock = iter([10.0, 12.0, 14.0, 500.0, 502.0])  # 2 s per step; 486 s of the other agent's round between
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    phase = Phase(None, "warm start sub", total=100)
+    for done in (1, 2, 3):
+        phase.update(done)
+    phase.pause()
+    phase.update(4)
+    assert phase.eta_seconds() == pytest.approx(2.0 * 96)
+    phase.update(5)
+    assert phase.eta_seconds() == pytest.approx(2.0 * 95)
+
+
 def test_no_bars_off_a_terminal():
     with RunProgress(console=Console(file=io.StringIO(), force_terminal=False)) as run:
         assert not run.live
