@@ -15,10 +15,7 @@ their weights. The work is that of ``N k`` tokens through one expert, not of eve
 XLA:CPU lowers ``ragged_dot`` to a masked product of every row with every group's matrix (``E`` times the
 work), so on the CPU (``cfg.moe_matmul`` ``auto``, the platform of the mesh's devices) the same grouped product
 is formed by :func:`tiled_ragged_dot`: each expert's rows padded to whole tiles, one batched matmul over the
-tiles with each tile's expert matrix (same values; at most ``E (tile - 1)`` padding rows of extra work). The tiles
-gather a copy of their expert's matrix each; with few rows (a decode step: at most ``4 E``) that copy dominates,
-and :func:`windowed_ragged_dot` multiplies every expert's matrix in place by a window of ``M`` sorted rows
-starting at its first row instead (``E M`` rows of work, each matrix read once).
+tiles with each tile's expert matrix (same values; at most ``E (tile - 1)`` padding rows of extra work).
 
 **Expert parallelism.** With an ``expert`` mesh axis (and the rules placing the ``experts`` logical axis on it,
 ``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis
@@ -91,25 +88,6 @@ def tiled_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: i
     return jnp.take(y.reshape(n_tiles * tile, -1), dest, axis=0, mode="fill", fill_value=0)
 
 
-def windowed_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    """``jax.lax.ragged_dot(x [M, K], w [G, K, N], group_sizes [G])`` (rows after the groups give 0) as one
-    batched matmul of each group's matrix, unmoved, with the ``M`` rows from its first one on; each row keeps its
-    own group's product."""
-    M, G = x.shape[0], w.shape[0]
-    ends = jnp.cumsum(group_sizes)
-    starts = ends - group_sizes
-    rows = jnp.concatenate([x, jnp.zeros_like(x)])  # a window starting at any row stays in bounds
-    windows = jax.vmap(lambda start: jax.lax.dynamic_slice_in_dim(rows, start, M))(starts)  # [G, M, K]
-    y = jnp.einsum("gmk,gkn->gmn", windows, w, preferred_element_type=x.dtype)
-    row = jnp.arange(M)
-    group = jnp.searchsorted(ends, row, side="right")  # G for rows after the groups
-    owner = jnp.minimum(group, G - 1)
-    return jnp.where((group < G)[:, None], y[owner, row - starts[owner]], 0)
-
-
-WINDOWED_MAX_ROWS_PER_GROUP = 4  # up to M = 4 G rows (bench-moe's decode: 32 rows, 8 experts) the windows win
-
-
 def _tile_rows(rows: int, groups: int) -> int:
     """Rows per tile for ``rows`` rows over ``groups`` groups: a power of two near a quarter of a group's
     mean share, within [8, 128] (padding at most ``groups`` partial tiles against few, large matmuls)."""
@@ -120,13 +98,7 @@ def _grouped(method: str):
     """The grouped matmul ``(x, w, group_sizes) -> [M, N]`` of ``cfg.moe_matmul`` (resolved, not ``auto``)."""
     if method == "ragged_dot":
         return lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes, preferred_element_type=x.dtype)
-
-    def tiled(x, w, sizes):
-        if x.shape[0] <= WINDOWED_MAX_ROWS_PER_GROUP * w.shape[0]:
-            return windowed_ragged_dot(x, w, sizes)
-        return tiled_ragged_dot(x, w, sizes, _tile_rows(x.shape[0], w.shape[0]))
-
-    return tiled
+    return lambda x, w, sizes: tiled_ragged_dot(x, w, sizes, _tile_rows(x.shape[0], w.shape[0]))
 
 
 def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, group_sizes: jax.Array,
