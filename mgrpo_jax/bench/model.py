@@ -23,7 +23,8 @@ per-round ratios, so load from other processes that drifts during the run hits b
   the whole call (prefill included, as in HF ``generate()``); ``decode_tokens_per_s`` is batch 32. The
   sampler runs with ``decode_phases`` (``--decode-phases``, default 8): the decode loop in that many
   phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``). The
-  batch is split over ``decode_devices`` CPU devices (``--decode-devices``, default one per core), the data
+  batch is split over ``decode_devices`` CPU devices (``--decode-devices``, default one per core; one for the
+  MoE shape, whose decode step is bound by reading the experts' weights, read in full by every device), the data
   axis of the model's mesh: each core runs its rows' whole decode loop, instead of one loop whose small
   matmuls XLA:CPU mostly runs on one core at a time. The sampler reads the MLP matrices and the LM head
   out-major (``Sampler.out_major``, on by default on CPU). The peer runs its 2 threads in one process.
@@ -416,13 +417,18 @@ def main(argv=None) -> dict:
             if value < 1:
                 parser.error(f"--{field.replace('_', '-')} must be >= 1, got {value}")
             sizes = dataclasses.replace(sizes, **{field: value})
-    sizes = dataclasses.replace(sizes, decode_devices=sizes.decode_devices or os.cpu_count() or 1)
-    host_devices(sizes.decode_devices)  # before JAX runs anything
+    cores = os.cpu_count() or 1
+    host_devices(sizes.decode_devices or cores)  # before JAX runs anything
     preset, dense_preset = (QUICK_SHAPES if args.quick else SHAPES)[args.shape]
-    figures = run(dataclasses.replace(sizes, preset=preset), hf=not args.no_hf)
+    # Default decode devices: one per core for the dense shape; one for the MoE shape, whose decode step is bound by
+    # reading the experts' weights, which every device of a split batch reads in full.
+    moe_devices = 1 if dense_preset is not None else cores
+    figures = run(dataclasses.replace(sizes, preset=preset, decode_devices=sizes.decode_devices or moe_devices),
+                  hf=not args.no_hf)
     if dense_preset is not None:
         figures = {MOE_KEYS.get(k, f"moe_{k}"): v for k, v in figures.items()}
-        dense = run(dataclasses.replace(sizes, preset=dense_preset), hf=False)
+        dense = run(dataclasses.replace(sizes, preset=dense_preset, decode_devices=sizes.decode_devices or cores),
+                    hf=False)
         figures.update({f"dense_{k}": v for k, v in dense.items() if not k.startswith("hf_")})
         figures["shape"] = args.shape
     for k, v in figures.items():

@@ -13,9 +13,13 @@ matmul; per-expert row counts as the group sizes), then the rows are put back in
 their weights. The work is that of ``N k`` tokens through one expert, not of every token through every expert.
 
 XLA:CPU lowers ``ragged_dot`` to a masked product of every row with every group's matrix (``E`` times the
-work), so on the CPU (``cfg.moe_matmul`` ``auto``, the platform of the mesh's devices) the same grouped product
-is formed by :func:`tiled_ragged_dot`: each expert's rows padded to whole tiles, one batched matmul over the
-tiles with each tile's expert matrix (same values; at most ``E (tile - 1)`` padding rows of extra work).
+work), so on the CPU (``cfg.moe_matmul`` ``auto``, the platform of the mesh's devices) the block runs on
+**tiles** instead: each expert's pairs are laid out in whole tiles of ``tile`` rows (``TileLayout``: at most
+``N k / tile + E`` tiles, the last one of each expert padded with zero rows), the three SwiGLU products run tile
+by tile, each with its expert's matrices read in place (``tile_swiglu``), and the outputs are gathered back to
+pair order. The layout is computed once per layer; the moves between token order and tiles are gathers both
+ways (``gather_rows``: the backward pass gathers through the inverse index rather than scatter-adding, which
+XLA:CPU runs row by row), and each tile's weight gradient is added into its expert's slice in place.
 
 **Expert parallelism.** With an ``expert`` mesh axis (and the rules placing the ``experts`` logical axis on it,
 ``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis
@@ -68,75 +72,191 @@ def route(h: jax.Array, router: jax.Array, cfg: ModelConfig) -> tuple[jax.Array,
     return probs, weights, experts.astype(jnp.int32)
 
 
-def tiled_ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, tile: int) -> jax.Array:
-    """``jax.lax.ragged_dot(x [M, K], w [G, K, N], group_sizes [G])`` (rows after the groups give 0) as one
-    batched matmul over tiles of ``tile`` rows, each group's rows padded to whole tiles (static bound: ``M /
-    tile + G`` tiles), each tile multiplied by its group's matrix."""
-    M, G = x.shape[0], w.shape[0]
-    n_tiles = -(-M // tile) + G
-    ends = jnp.cumsum(group_sizes)
-    tiles_per_group = (group_sizes + tile - 1) // tile
-    tile_ends = jnp.cumsum(tiles_per_group)
-    group = jnp.searchsorted(ends, jnp.arange(M), side="right")  # G: after every group
-    g = jnp.minimum(group, G - 1)
-    dest = (tile_ends[g] - tiles_per_group[g]) * tile + jnp.arange(M) - (ends[g] - group_sizes[g])
-    dest = jnp.where(group < G, dest, n_tiles * tile)  # out of range: dropped, read back as 0
-    padded = jnp.zeros((n_tiles * tile, x.shape[1]), x.dtype).at[dest].set(x, mode="drop")
-    tile_group = jnp.minimum(jnp.searchsorted(tile_ends, jnp.arange(n_tiles), side="right"), G - 1)
-    y = jnp.einsum("tmk,tkn->tmn", padded.reshape(n_tiles, tile, -1), jnp.take(w, tile_group, axis=0),
-                   preferred_element_type=x.dtype)
-    return jnp.take(y.reshape(n_tiles * tile, -1), dest, axis=0, mode="fill", fill_value=0)
+class TileLayout(NamedTuple):
+    """Where the (token, expert) pairs ``p = n k + j`` of one device's experts sit in tiles of ``tile`` rows:
+    ``slot [P]`` each pair's row in the tiles (``T tile`` for pairs of other devices' experts), ``source
+    [T tile]`` each tile row's pair (``P`` for padding) and ``tile_expert [T]`` each tile's local expert."""
+
+    slot: jax.Array
+    source: jax.Array
+    tile_expert: jax.Array
+    used: jax.Array  # tiles holding pairs (the first ones); the rest of the static bound is left out
+    tile: int
+
+
+def tile_layout(experts: jax.Array, num_local: int, first, tile: int) -> TileLayout:
+    """The tiles of the pairs routed to experts ``first .. first + num_local - 1`` (``experts [P]``, the pairs'
+    expert ids): each local expert's pairs in pair order, from the first row of its own tiles; at most ``P /
+    tile + num_local`` tiles (a static bound)."""
+    P = experts.shape[0]
+    local = experts - first
+    key = jnp.where((local >= 0) & (local < num_local), local, num_local)  # num_local: another device's
+    order = jnp.argsort(key, stable=True)
+    rank = jnp.zeros((P,), jnp.int32).at[order].set(jnp.arange(P, dtype=jnp.int32))  # position in sorted order
+    sizes = jnp.bincount(key, length=num_local + 1)[:num_local].astype(jnp.int32)
+    starts = jnp.cumsum(sizes) - sizes
+    tiles = (sizes + tile - 1) // tile
+    tile_ends = jnp.cumsum(tiles)
+    first_tile = tile_ends - tiles
+    n_tiles = -(-P // tile) + num_local
+    e = jnp.minimum(key, num_local - 1)
+    slot = jnp.where(key < num_local, first_tile[e] * tile + rank - starts[e], n_tiles * tile)
+    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, jnp.arange(n_tiles), side="right"),
+                              num_local - 1).astype(jnp.int32)
+    row = jnp.arange(n_tiles * tile)
+    g = tile_expert[row // tile]
+    within = row - first_tile[g] * tile
+    source = jnp.where(within < sizes[g], order[jnp.clip(starts[g] + within, 0, P - 1)], P)
+    return TileLayout(slot, source, tile_expert, tile_ends[-1], tile)
+
+
+@jax.custom_vjp
+def gather_rows(x: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+    """``x[index]`` (rows out of range give 0), where ``inverse [len(x), r]`` lists the output rows that read each
+    row of ``x`` (out of range where fewer): the gradient gathers through it (and sums over ``r``)."""
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
+def _gather_rows_fwd(x, index, inverse):
+    return gather_rows(x, index, inverse), inverse
+
+
+def _gather_rows_bwd(inverse, dy):
+    return jnp.take(dy, inverse, axis=0, mode="fill", fill_value=0).sum(axis=1), None, None
+
+
+gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
+def _expert(w: jax.Array, e: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
+
+
+def _swiglu_tiles(xt, gate, up, down, tile_expert, used):
+    """The forward loop of ``tile_swiglu``: ``(y, g, u)`` with each tile's gate and up projections kept."""
+    T, m, _ = xt.shape
+    zeros = jnp.zeros((T, m, gate.shape[2]), xt.dtype)
+
+    def one_tile(t, carry):
+        y, g_all, u_all = carry
+        x, e = xt[t], tile_expert[t]
+        g, u = _dot(x, _expert(gate, e)), _dot(x, _expert(up, e))
+        y = _put(y, _dot(jax.nn.silu(g) * u, _expert(down, e)), t)
+        return y, _put(g_all, g, t), _put(u_all, u, t)
+
+    return jax.lax.fori_loop(0, used, one_tile, (jnp.zeros(xt.shape[:2] + down.shape[2:], xt.dtype), zeros, zeros))
+
+
+@jax.custom_vjp
+def tile_swiglu(xt: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, tile_expert: jax.Array,
+                used: jax.Array) -> jax.Array:
+    """Tiles ``xt [T, tile, D]`` through their experts' SwiGLU MLPs (``gate`` / ``up [G, D, F]``, ``down [G, F,
+    D]``; ``tile_expert [T]``), one tile at a time with its expert's matrices read in place (a batched product
+    would gather a copy of them per tile), the first ``used`` tiles only (the rest come back 0): ``[T, tile, D]``.
+    The backward pass is one loop over the tiles too, adding each tile's weight gradients into its expert's
+    slices in place."""
+    return _swiglu_tiles(xt, gate, up, down, tile_expert, used)[0]
+
+
+def _tile_swiglu_fwd(xt, gate, up, down, tile_expert, used):
+    y, g, u = _swiglu_tiles(xt, gate, up, down, tile_expert, used)
+    return y, (xt, g, u, gate, up, down, tile_expert, used)
+
+
+def _tile_swiglu_bwd(res, dy):
+    xt, g_all, u_all, gate, up, down, tile_expert, used = res
+
+    def one_tile(t, grads):
+        dx, dgate, dup, ddown = grads
+        x, g, u, d, e = xt[t], g_all[t], u_all[t], dy[t], tile_expert[t]
+        sig = jax.nn.sigmoid(g)
+        silu = g * sig
+        dh = _dot(d, _expert(down, e).T)
+        du = dh * silu
+        dg = dh * u * (sig + silu * (1 - sig))
+        dx = _put(dx, _dot(dg, _expert(gate, e).T) + _dot(du, _expert(up, e).T), t)
+        dgate = _add(dgate, _dot(x.T, dg), e)
+        dup = _add(dup, _dot(x.T, du), e)
+        ddown = _add(ddown, _dot((silu * u).T, d), e)
+        return dx, dgate, dup, ddown
+
+    zeros = (jnp.zeros_like(xt), jnp.zeros_like(gate), jnp.zeros_like(up), jnp.zeros_like(down))
+    return (*jax.lax.fori_loop(0, used, one_tile, zeros), None, None)
+
+
+tile_swiglu.defvjp(_tile_swiglu_fwd, _tile_swiglu_bwd)
+
+
+def _dot(a, b):
+    return jnp.dot(a, b, preferred_element_type=a.dtype)
+
+
+def _put(out, tile, t):
+    return jax.lax.dynamic_update_index_in_dim(out, tile.astype(out.dtype), t, 0)
+
+
+def _add(grad, tile, e):
+    """``grad[e] += tile`` in place."""
+    return _put(grad, _expert(grad, e) + tile, e)
+
+
+def tiled_experts(x: jax.Array, layout: TileLayout, k: int, gate: jax.Array, up: jax.Array,
+                  down: jax.Array) -> jax.Array:
+    """Tokens ``x [N, D]`` through the SwiGLU experts of their pairs on ``layout``'s tiles: ``[N k, D]`` in pair
+    order (0 for pairs of experts not in ``gate`` / ``up`` / ``down``)."""
+    N, D = x.shape
+    xt = gather_rows(x, layout.source // k, layout.slot.reshape(N, k)).reshape(-1, layout.tile, D)
+    yt = tile_swiglu(xt, gate, up, down, layout.tile_expert, layout.used)
+    return gather_rows(yt.reshape(-1, D), layout.slot, layout.source[:, None])
 
 
 def _tile_rows(rows: int, groups: int) -> int:
-    """Rows per tile for ``rows`` rows over ``groups`` groups: a power of two near a quarter of a group's
-    mean share, within [8, 128] (padding at most ``groups`` partial tiles against few, large matmuls)."""
-    return int(min(128, max(8, 2 ** max(0, (rows // (4 * groups)).bit_length() - 1))))
+    """Rows per tile for ``rows`` rows over ``groups`` groups: a power of two near half a group's mean share,
+    within [8, 256]. Larger tiles run faster on XLA:CPU (one [64, 256] x [256, 512] product per tile runs at
+    about 60 % of one product over all the rows, [128, ...] at 70 %), and pad more (half a tile per group on
+    average)."""
+    return int(min(256, max(8, 2 ** max(0, (rows // (2 * groups)).bit_length() - 1))))
 
 
-def _grouped(method: str):
-    """The grouped matmul ``(x, w, group_sizes) -> [M, N]`` of ``cfg.moe_matmul`` (resolved, not ``auto``)."""
-    if method == "ragged_dot":
-        return lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes, preferred_element_type=x.dtype)
-    return lambda x, w, sizes: tiled_ragged_dot(x, w, sizes, _tile_rows(x.shape[0], w.shape[0]))
+def _ragged_experts(x, experts, k, E, gate, up, down, first):
+    """Tokens ``x [N, D]`` through their pairs' experts (``experts [N k]``) by ``jax.lax.ragged_dot`` over the
+    pairs sorted by expert, with the experts ``first ..`` of ``gate`` / ``up`` / ``down`` only (one device's
+    share of the ``expert`` axis: a contiguous run of the sorted rows; the other pairs come back 0): ``[N k, D]``
+    in pair order."""
+    order = jnp.argsort(experts, stable=True)
+    group_sizes = jnp.bincount(experts, length=E).astype(jnp.int32)
+    xs = jnp.take(x, order // k, axis=0)
 
+    def swiglu(xs, sizes):
+        def matmul(a, w):
+            return jax.lax.ragged_dot(a, w, sizes, preferred_element_type=a.dtype)
 
-def _swiglu_experts(xs: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, group_sizes: jax.Array,
-                    method: str = "ragged_dot"):
-    """Rows ``xs [M, D]`` sorted by expert (``group_sizes [G]`` rows each, the rest after them untouched and
-    returned as 0) through their expert's SwiGLU MLP: ``[M, D]``."""
-    matmul = _grouped(method)
-    g = matmul(xs, gate, group_sizes)
-    u = matmul(xs, up, group_sizes)
-    return matmul(jax.nn.silu(g) * u, down, group_sizes)
+        return matmul(jax.nn.silu(matmul(xs, gate)) * matmul(xs, up), down)
 
-
-def _local_experts(xs, gate, up, down, group_sizes, first, method):
-    """``_swiglu_experts`` over the experts ``first ..`` of ``gate`` / ``up`` / ``down`` (one device's share of
-    the ``expert`` axis): their rows are a contiguous run of the sorted rows; the others come back 0."""
-    n_local = gate.shape[0]
-    start = (jnp.cumsum(group_sizes) - group_sizes)[first]
-    local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (n_local,))
-    out = _swiglu_experts(jnp.roll(xs, -start, axis=0), gate, up, down, local_sizes, method)
-    out = jnp.where((jnp.arange(xs.shape[0]) < jnp.sum(local_sizes))[:, None], out, 0)
-    return jnp.roll(out, start, axis=0)
+    if first is None:
+        ys = swiglu(xs, group_sizes)
+    else:
+        start = (jnp.cumsum(group_sizes) - group_sizes)[first]
+        local_sizes = jax.lax.dynamic_slice(group_sizes, (first,), (gate.shape[0],))
+        ys = swiglu(jnp.roll(xs, -start, axis=0), local_sizes)
+        ys = jnp.where((jnp.arange(xs.shape[0]) < jnp.sum(local_sizes))[:, None], ys, 0)
+        ys = jnp.roll(ys, start, axis=0)
+    return jnp.take(ys, jnp.argsort(order), axis=0)
 
 
 def _routed(cfg: ModelConfig, method: str, x, mask, router, gate, up, down, first):
-    """Tokens ``x [N, D]`` through the experts ``first ..`` of ``gate`` / ``up`` / ``down`` (all of them when
-    ``first`` is None): ``(y [N, D], RouterStats)``."""
+    """Tokens ``x [N, D]`` through the experts ``first ..`` of ``gate`` / ``up`` / ``down`` (one device's share
+    of the ``expert`` axis; all of them when ``first`` is None): ``(y [N, D], RouterStats)``."""
     k, E = cfg.num_experts_per_tok, cfg.num_experts
     probs, weights, experts = route(x, router, cfg)
     flat = experts.reshape(-1)  # pair p = n * k + j
-    order = jnp.argsort(flat, stable=True)
-    group_sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
-    xs = jnp.take(x, order // k, axis=0)
-    if first is None:
-        ys = _swiglu_experts(xs, gate, up, down, group_sizes, method)
+    if method == "ragged_dot":
+        y = _ragged_experts(x, flat, k, E, gate, up, down, first)
     else:
-        ys = _local_experts(xs, gate, up, down, group_sizes, first, method)
-    y = jnp.take(ys, jnp.argsort(order), axis=0).reshape(x.shape[0], k, -1)  # back to pair order
-    y = jnp.einsum("nkd,nk->nd", y, weights.astype(y.dtype))
+        tile = _tile_rows(flat.shape[0], gate.shape[0])
+        layout = tile_layout(flat, gate.shape[0], 0 if first is None else first, tile)
+        y = tiled_experts(x, layout, k, gate, up, down)
+    y = jnp.einsum("nkd,nk->nd", y.reshape(x.shape[0], k, -1), weights.astype(y.dtype))
     m = mask.astype(jnp.float32)
     counts = jnp.zeros((E,), jnp.float32).at[flat].add(jnp.repeat(m, k))
     return y, RouterStats(counts, jnp.einsum("ne,n->e", probs, m), jnp.sum(m))

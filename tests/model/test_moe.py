@@ -255,29 +255,44 @@ def test_smoke_config_takes_moe_agents_and_validates_the_router_coefficient():
 
 
 @settings(max_examples=10, deadline=None)
-@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5), extra=st.integers(0, 4),
+@given(tokens=st.integers(1, 12), k=st.integers(1, 3), shards=st.sampled_from([1, 2, 4]),
        tile=st.sampled_from([1, 2, 4, 8]), seed=st.integers(0, 2**16))
-def test_tiled_ragged_dot_equals_ragged_dot_with_gradients(sizes, extra, tile, seed):
-    """Any group sizes (empty groups, rows after the last group) and tile: values and both gradients agree."""
-    from mgrpo_jax.model.moe import tiled_ragged_dot
+def test_tiled_experts_equal_each_pair_through_its_expert_with_gradients(tokens, k, shards, tile, seed):
+    """Any routing (empty experts, every pair on one expert), tile and share of the experts (one device's of an
+    expert axis): each pair's output is its token through its own expert's SwiGLU, 0 for other devices' experts;
+    the gradients of tokens and local weights agree too."""
+    from mgrpo_jax.model.moe import tile_layout, tiled_experts
 
-    group_sizes = jnp.asarray(sizes, jnp.int32)
-    M = sum(sizes) + extra
-    kx, kw, kc = jax.random.split(jax.random.key(seed), 3)
-    x = jax.random.normal(kx, (max(M, 1), 3))
-    w = jax.random.normal(kw, (len(sizes), 3, 5))
-    c = jax.random.normal(kc, (max(M, 1), 5))
+    E = 4
+    kx, kw, ke, kc, kf = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(kx, (tokens, 3))
+    gate, up, down = (jax.random.normal(kk, shape) for kk, shape in
+                      zip(jax.random.split(kw, 3), [(E, 3, 5), (E, 3, 5), (E, 5, 3)], strict=True))
+    skewed = jax.random.bernoulli(kf)  # half the examples route every pair to one expert
+    experts = jnp.where(skewed, 1, jax.random.randint(ke, (tokens * k,), 0, E)).astype(jnp.int32)
+    n_local = E // shards
+    first = int(jax.random.randint(kf, (), 0, shards)) * n_local
+    c = jax.random.normal(kc, (tokens * k, 3))
+    local = slice(first, first + n_local)
 
-    def loss(f):
-        return lambda x, w: jnp.sum(f(x, w) * c)
+    def tiled(x, gate, up, down):
+        layout = tile_layout(experts, n_local, first, tile)
+        return tiled_experts(x, layout, k, gate[local], up[local], down[local])
 
-    @jax.jit  # one program per example: op by op, the tiles' loop and its gradient take seconds
-    def values_and_gradients(x, w):
-        ref = lambda x, w: jax.lax.ragged_dot(x, w, group_sizes)
-        tiled = lambda x, w: tiled_ragged_dot(x, w, group_sizes, tile)
-        return [(f(x, w), *jax.grad(loss(f), (0, 1))(x, w)) for f in (tiled, ref)]
+    def per_pair(x, gate, up, down):
+        xp, e = jnp.repeat(x, k, axis=0), experts
+        h = jax.nn.silu(jnp.einsum("pd,pdf->pf", xp, gate[e])) * jnp.einsum("pd,pdf->pf", xp, up[e])
+        y = jnp.einsum("pf,pfd->pd", h, down[e])
+        return jnp.where(((e >= first) & (e < first + n_local))[:, None], y, 0)
 
-    for a, b in zip(*values_and_gradients(x, w), strict=True):
+    @jax.jit  # one program per example
+    def values_and_gradients(*args):
+        def with_gradients(f):
+            return f(*args), *jax.grad(lambda *a: jnp.sum(f(*a) * c), (0, 1, 2, 3))(*args)
+
+        return [with_gradients(tiled), with_gradients(per_pair)]
+
+    for a, b in zip(*values_and_gradients(x, gate, up, down), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
