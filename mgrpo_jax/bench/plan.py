@@ -33,7 +33,8 @@ rows per RL step against the main agent's Q*K = 16), so its shapes are planned; 
 have the same shape (16 rows). The vocabulary is the checkpoint's own (151,936 for Qwen3-8B and Qwen3-30B-A3B,
 what `init_from` a real checkpoint gives). Where a
 topology has more row shards than the config's micro-batches give rows, the micro-batch count is lowered to
-one row per shard (the `micro` column). Last line: one JSON object.
+one row per shard (the `micro` column); where it has more row shards than the batch has rows, factors of fsdp go
+to the tensor axis (`mesh_for_rows`). Last line: one JSON object.
 
 `--lora` plans the `paper_lora` preset's agent instead (LoRA rank 64 on every projection, the frozen base in
 bfloat16): its train step holds the base, the adapters and their optimizer state (`lora_train_state`); its sampler
@@ -132,6 +133,22 @@ def topology_devices(topology: str) -> list:
     from jax.experimental import topologies
 
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+
+
+def mesh_for_rows(shape: dict, n_devices: int, rows: int) -> dict:
+    """The config's mesh (axis -> size, one may be -1) resolved for ``n_devices``. Where its row shards (data x
+    fsdp x expert) outnumber the RL batch's ``rows`` (the 30B-A3B's 8-way expert axis on a 256-chip v6e: 256
+    shards, 128 rows), fsdp hands factors of 2 to ``tensor`` until they do not: the mesh a user would set for
+    that slice."""
+    sizes = {k: int(v) for k, v in shape.items()}
+    free = [k for k, v in sizes.items() if v == -1]
+    if free:
+        sizes[free[0]] = n_devices // math.prod(v for v in sizes.values() if v != -1)
+    sizes.setdefault("tensor", 1)
+    while (math.prod(sizes.get(a, 1) for a in ("data", "fsdp", "expert")) > rows and sizes.get("fsdp", 1) % 2 == 0):
+        sizes["fsdp"] //= 2
+        sizes["tensor"] *= 2
+    return sizes
 
 
 def build_mesh(shape: dict, devices: list) -> Mesh:
@@ -267,7 +284,7 @@ def micro_for(plan: Plan, mesh: Mesh) -> int:
 
 def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_fraction: float = 0.9) -> list:
     devices = topology_devices(topology)
-    mesh = build_mesh(plan.mesh, devices)
+    mesh = build_mesh(mesh_for_rows(plan.mesh, len(devices), plan.train_rows), devices)
     hbm = HBM_GIB[topology.split(":")[0]]
     micro = micro_for(plan, mesh)
     rows = []

@@ -25,9 +25,10 @@ XLA:CPU runs row by row), and each tile's weight gradient is added into its expe
 ``sharding.py``) each device holds ``E / n`` experts. The block then runs under ``shard_map`` over that axis
 (the other mesh axes, FSDP and tensor, stay automatic). The token rows are split over the axis too (the batch
 rules include it): each device gathers its group's tokens from the axis, routes them, multiplies the contiguous
-run of sorted rows routed to its own experts, and the partial outputs are summed and scattered back to their
-devices (``all_gather`` of ``[N, D]`` and ``psum_scatter`` of ``[N, D]`` per layer). Where the rows do not
-divide over the axis they stay whole on every device of it and the outputs are summed (``psum``).
+run of sorted rows routed to its own experts (on the CPU: lays out tiles of those pairs only), and the partial
+outputs are summed and scattered back to their devices (``all_gather`` of ``[N, D]`` and ``psum_scatter`` of
+``[N, D]`` per layer). Where the rows do not divide over the axis they stay whole on every device of it and the
+outputs are summed (``psum``).
 
 **Routing statistics** (``RouterStats``, per layer, over the real tokens of ``token_mask``): how many top-k
 assignments each expert got, the sum of each expert's router probability, and the token count. Summed over

@@ -79,3 +79,10 @@ def test_a_kl_reference_is_planned_beside_the_state():
     plain, kl = (bench.plan_topology(p, "v5e-4", bench.SMALL_TOPOLOGIES["v5e-4"], programs=("train",))[0]["bytes"]
                  for p in (plan, with_kl))
     assert kl["arguments"] - plain["arguments"] >= param_bytes / 4 * 0.99  # the reference, sharded over 4 chips
+
+
+def test_row_shards_beyond_the_rows_go_to_the_tensor_axis():
+    moe_mesh = {"data": 1, "fsdp": -1, "tensor": 1, "expert": 8}
+    assert bench.mesh_for_rows(moe_mesh, 32, 128) == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 8}
+    assert bench.mesh_for_rows(moe_mesh, 256, 128) == {"data": 1, "fsdp": 16, "tensor": 2, "expert": 8}
+    assert bench.mesh_for_rows({"data": 1, "fsdp": -1, "tensor": 4}, 256, 128) == {"data": 1, "fsdp": 64, "tensor": 4}
