@@ -422,8 +422,8 @@ def main(argv=None) -> dict:
     preset, dense_preset = (QUICK_SHAPES if args.quick else SHAPES)[args.shape]
     # Default decode devices: one per core for the dense shape; one for the MoE shape, whose decode step is bound by
     # reading the experts' weights, which every device of a split batch reads in full.
-    moe_devices = 1 if dense_preset is not None else cores
-    figures = run(dataclasses.replace(sizes, preset=preset, decode_devices=sizes.decode_devices or moe_devices),
+    shape_devices = 1 if args.shape == "moe" else cores
+    figures = run(dataclasses.replace(sizes, preset=preset, decode_devices=sizes.decode_devices or shape_devices),
                   hf=not args.no_hf)
     if dense_preset is not None:
         figures = {MOE_KEYS.get(k, f"moe_{k}"): v for k, v in figures.items()}

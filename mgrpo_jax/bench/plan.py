@@ -60,6 +60,7 @@ from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
 from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_config, get_rules
 from mgrpo_jax.model.lora import lora_spec
+from mgrpo_jax.model.sharding import resolve_mesh_shape
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state
@@ -140,25 +141,17 @@ def mesh_for_rows(shape: dict, n_devices: int, rows: int) -> dict:
     fsdp x expert) outnumber the RL batch's ``rows`` (the 30B-A3B's 8-way expert axis on a 256-chip v6e: 256
     shards, 128 rows), fsdp hands factors of 2 to ``tensor`` until they do not: the mesh a user would set for
     that slice."""
-    sizes = {k: int(v) for k, v in shape.items()}
-    free = [k for k, v in sizes.items() if v == -1]
-    if free:
-        sizes[free[0]] = n_devices // math.prod(v for v in sizes.values() if v != -1)
-    sizes.setdefault("tensor", 1)
-    while (math.prod(sizes.get(a, 1) for a in ("data", "fsdp", "expert")) > rows and sizes.get("fsdp", 1) % 2 == 0):
+    sizes = resolve_mesh_shape(shape, n_devices)
+    while math.prod(sizes.get(a, 1) for a in ("data", "fsdp", "expert")) > rows and sizes.get("fsdp", 1) % 2 == 0:
         sizes["fsdp"] //= 2
-        sizes["tensor"] *= 2
+        sizes["tensor"] = sizes.get("tensor", 1) * 2
     return sizes
 
 
 def build_mesh(shape: dict, devices: list) -> Mesh:
     """The config's mesh over abstract devices, topology-aware when the axis sizes map onto the torus."""
-    names = tuple(shape)
-    sizes = [int(s) for s in shape.values()]
-    if -1 in sizes:
-        sizes[sizes.index(-1)] = len(devices) // math.prod(s for s in sizes if s != -1)
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh {shape} does not cover {len(devices)} devices")
+    resolved = resolve_mesh_shape(shape, len(devices))
+    names, sizes = tuple(resolved), list(resolved.values())
     from jax.experimental import mesh_utils
 
     try:

@@ -133,17 +133,18 @@ def _expert(w: jax.Array, e: jax.Array) -> jax.Array:
     return jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
 
 
-def _swiglu_tiles(xt, gate, up, down, tile_expert, used):
-    """The forward loop of ``tile_swiglu``: ``(y, g, u)`` with each tile's gate and up projections kept."""
+def _swiglu_tiles(xt, gate, up, down, tile_expert, used, keep: bool):
+    """The forward loop of ``tile_swiglu``: ``(y, g, u)``, each tile's gate and up projections kept for the
+    backward pass when ``keep`` (else ``g`` and ``u`` are None: inference carries no residuals)."""
     T, m, _ = xt.shape
-    zeros = jnp.zeros((T, m, gate.shape[2]), xt.dtype)
+    zeros = jnp.zeros((T, m, gate.shape[2]), xt.dtype) if keep else None
 
     def one_tile(t, carry):
         y, g_all, u_all = carry
         x, e = xt[t], tile_expert[t]
         g, u = _dot(x, _expert(gate, e)), _dot(x, _expert(up, e))
         y = _put(y, _dot(jax.nn.silu(g) * u, _expert(down, e)), t)
-        return y, _put(g_all, g, t), _put(u_all, u, t)
+        return (y, _put(g_all, g, t), _put(u_all, u, t)) if keep else (y, None, None)
 
     return jax.lax.fori_loop(0, used, one_tile, (jnp.zeros(xt.shape[:2] + down.shape[2:], xt.dtype), zeros, zeros))
 
@@ -156,11 +157,11 @@ def tile_swiglu(xt: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array, 
     would gather a copy of them per tile), the first ``used`` tiles only (the rest come back 0): ``[T, tile, D]``.
     The backward pass is one loop over the tiles too, adding each tile's weight gradients into its expert's
     slices in place."""
-    return _swiglu_tiles(xt, gate, up, down, tile_expert, used)[0]
+    return _swiglu_tiles(xt, gate, up, down, tile_expert, used, keep=False)[0]
 
 
 def _tile_swiglu_fwd(xt, gate, up, down, tile_expert, used):
-    y, g, u = _swiglu_tiles(xt, gate, up, down, tile_expert, used)
+    y, g, u = _swiglu_tiles(xt, gate, up, down, tile_expert, used, keep=True)
     return y, (xt, g, u, gate, up, down, tile_expert, used)
 
 

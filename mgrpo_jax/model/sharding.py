@@ -119,20 +119,12 @@ def get_rules(name: str) -> Rules:
         raise ValueError(f"unknown sharding rule set {name!r}; known: {', '.join(sorted(RULE_SETS))}") from None
 
 
-def make_mesh(shape: dict[str, int] | Sequence[tuple[str, int]], devices: Sequence[Any] | None = None,
-              ) -> Mesh:
-    """A mesh with named axes over ``devices`` (default: all), every axis ``AxisType.Auto``.
-
-    ``shape`` maps axis name -> size in order, e.g. ``{'data': 2, 'fsdp': 2, 'tensor': 2}``; one size may
-    be ``-1`` (fill with the remaining devices). The product must equal the number of devices given, so
-    two agents can get meshes over disjoint subsets: ``make_mesh(s, jax.devices()[:4])`` and
-    ``make_mesh(s, jax.devices()[4:])``.
-    """
+def resolve_mesh_shape(shape: dict[str, int] | Sequence[tuple[str, int]], n: int) -> dict[str, int]:
+    """``shape`` (axis name -> size, in order; one size may be ``-1``: the remaining devices) for ``n`` devices,
+    every size given; a clear error when the sizes cannot cover exactly ``n``."""
     items = list(shape.items()) if isinstance(shape, dict) else list(shape)
-    names = tuple(n for n, _ in items)
+    names = [name for name, _ in items]
     sizes = [int(s) for _, s in items]
-    devices = list(jax.devices() if devices is None else devices)
-    n = len(devices)
     if sizes.count(-1) > 1:
         raise ValueError("at most one mesh axis may be -1")
     if -1 in sizes:
@@ -143,6 +135,21 @@ def make_mesh(shape: dict[str, int] | Sequence[tuple[str, int]], devices: Sequen
     if math.prod(sizes) != n:
         raise ValueError(f"mesh {dict(zip(names, sizes, strict=True))} needs {math.prod(sizes)} devices, "
                          f"got {n}")
+    return dict(zip(names, sizes, strict=True))
+
+
+def make_mesh(shape: dict[str, int] | Sequence[tuple[str, int]], devices: Sequence[Any] | None = None,
+              ) -> Mesh:
+    """A mesh with named axes over ``devices`` (default: all), every axis ``AxisType.Auto``.
+
+    ``shape`` maps axis name -> size in order, e.g. ``{'data': 2, 'fsdp': 2, 'tensor': 2}``; one size may
+    be ``-1`` (fill with the remaining devices). The product must equal the number of devices given, so
+    two agents can get meshes over disjoint subsets: ``make_mesh(s, jax.devices()[:4])`` and
+    ``make_mesh(s, jax.devices()[4:])``.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    resolved = resolve_mesh_shape(shape, len(devices))
+    names, sizes = tuple(resolved), list(resolved.values())
     types = (AxisType.Auto,) * len(names)
     all_devices = jax.devices()
     if len(devices) == len(all_devices) and set(devices) == set(all_devices):
