@@ -328,15 +328,11 @@ def _check_model(p: _Problems, name: str) -> None:
 
 def _check_agent(p: _Problems, name: str) -> None:
     from mgrpo_jax.core.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, available_losses
+    from mgrpo_jax.model.sharding import RULE_SETS
     from mgrpo_jax.train.optim import DECAYS
 
-    try:
-        from mgrpo_jax.model.sharding import RULE_SETS as rule_sets
-    except ImportError:  # a model package without named rule sets places everything by its default rules
-        rule_sets = ("default",)
-
     p.choice(f"{name}.loss", available_losses())
-    p.choice(f"{name}.sharding_rules", tuple(rule_sets))
+    p.choice(f"{name}.sharding_rules", tuple(RULE_SETS))
     _check_model(p, name)
     for field in ("context_tokens", "max_turns", "micro_batches", "decode_phases", "passes"):
         p.number(f"{name}.{field}", 1)
@@ -452,12 +448,6 @@ def validate(config, role: str | None = None) -> None:
     from mgrpo_jax.env.grammar import GRAMMARS, get_grammar
     from mgrpo_jax.store.url import parse_store_url
 
-    try:
-        from mgrpo_jax.core.advantages import available_advantages
-    except ImportError:  # a core without an estimator registry computes the group-relative ("grpo") advantages
-        def available_advantages():
-            return ["grpo"]
-
     p = _Problems(config)
     _unknown_fields(p, config, base_config())
     p.choice("benchmark", BENCHMARKS)
@@ -494,7 +484,7 @@ def validate(config, role: str | None = None) -> None:
         if weights is not _MISSING and (not isinstance(weights, tuple | list) or len(weights) != n):
             p.add(field, weights, f"must be {n} weights")
 
-    p.choice("advantages.estimator", available_advantages())
+    p.choice("advantages.estimator", advantages.available_advantages())
     p.choice("advantages.scale", advantages.SCALES)
     p.choice("advantages.baseline", advantages.BASELINES)
     p.number("advantages.eps", 0)

@@ -111,22 +111,12 @@ def batch_shards(mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> int:
     return math.prod(mesh.shape[a] for a in _batch_axes(mesh, batch_axes))
 
 
-def shard_batch(batch: dict, mesh: Mesh, batch_axes: Sequence[str] = BATCH_AXES) -> dict:
-    """Host arrays -> global arrays with rows over ``batch_axes``.
-
-    Single process: ``batch`` is the whole batch. Multi-host: each process passes its own rows (the
-    process-local slice, in process order), as ``jax.make_array_from_process_local_data`` expects.
-    """
-    sharding = batch_sharding(mesh, batch_axes)
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
-
-
 def _place(batch: dict, sharding: NamedSharding) -> dict:
     """Put inputs where the jitted step expects them (a no-op for arrays already there).
 
-    Multi-process: global ``jax.Array``s (e.g. from ``shard_batch``) pass through; host arrays are taken as
-    the whole global batch, identical on every process (the trainer's rollouts are), and each process places
-    only the rows of its own devices.
+    Multi-process: global ``jax.Array``s pass through; host arrays are taken as the whole global batch,
+    identical on every process (the trainer's rollouts are), and each process places only the rows of its own
+    devices.
     """
     multi = jax.process_count() > 1
     out = {}

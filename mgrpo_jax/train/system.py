@@ -192,9 +192,6 @@ def agent_devices(names: Sequence[str]) -> dict[str, list]:
     return {name: jax.devices() for name in names}
 
 
-Agent = Learner  # the name this class had before it got its train steps
-
-
 def build_agent(name: str, agent_cfg, tokenizer: ChatTokenizer, devices, seed: int, optim_cfg=None) -> Learner:
     """Agent `name` on `devices`: initialised from `seed`, or from its `init_from` checkpoint (whose own tokenizer
     `tokenizer` then is, see `agent_tokenizer`)."""
