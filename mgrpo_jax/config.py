@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import math
 import numbers
 import os
 import re
@@ -391,23 +392,36 @@ def _check_lora(p: _Problems, name: str) -> None:
             p.add(f"{name}.lora.target", p.get(f"{name}.lora.target"), str(e).split(": ", 1)[-1])
 
 
+def rl_batch_fields(mode: str, agent: str) -> tuple[str, ...]:
+    """The config fields whose product is the row count of one RL batch of `agent`'s policy step."""
+    if agent == "sub":
+        if mode == "mgrpo_unsync":
+            return ("rollout.unsync_chunk",)  # one FIFO pop of sub-trajectories
+        return ("rollout.queries", "rollout.samples", "rollout.d_max")  # Q*K rollouts x D aligned slots
+    return ("rollout.queries", "rollout.samples")  # Q*K episodes
+
+
+def rl_batch_rows(config, agent: str) -> int:
+    """Rows of one RL batch of `agent`'s policy step; the warm start's batches have `warmstart.batch_size`."""
+    return math.prod(_field(config, name) for name in rl_batch_fields(config.mode, agent))
+
+
+def _field(config, name: str):
+    for part in name.split("."):
+        config = config[part]
+    return config
+
+
 def _check_micro_batches(p: _Problems, name: str, mode) -> None:
-    """`mgrpo_jax.train.system.batch_rows`: every batch of the agent's train steps splits into its micro-batches."""
+    """Every batch of the agent's train steps (`mgrpo_jax.train.system.batch_rows`) splits into its micro-batches."""
     micro = p.number(f"{name}.micro_batches", 1)
     warm = p.number("warmstart.batch_size", 1)
-    queries, samples = p.number("rollout.queries", 1), p.number("rollout.samples", 1)
-    rl_rows, rl_label = None, "rollout.queries x rollout.samples"
-    if queries and samples:
-        rl_rows = queries * samples
-    if name == "sub":
-        if mode == "mgrpo_unsync":
-            rl_rows, rl_label = p.number("rollout.unsync_chunk", 1), "rollout.unsync_chunk"
-        else:
-            d_max = p.number("rollout.d_max", 1)
-            rl_rows, rl_label = (rl_rows * d_max if rl_rows and d_max else None), rl_label + " x rollout.d_max"
+    fields = rl_batch_fields(mode, name)
+    valid = [p.number(field, 1) for field in fields]  # a bad one is reported; the product is then meaningless
+    rl_rows = rl_batch_rows(p.config, name) if all(valid) and mode is not _MISSING else None
     if not micro:
         return
-    for rows, label in ((warm, "warmstart.batch_size"), (rl_rows, rl_label)):
+    for rows, label in ((warm, "warmstart.batch_size"), (rl_rows, " x ".join(fields))):
         if rows and rows % micro:
             p.add(f"{name}.micro_batches", micro,
                   f"a batch of {rows} rows ({label}) does not split into {micro} micro-batches")

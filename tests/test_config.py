@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from mgrpo_jax import config as config_lib
-from mgrpo_jax.config import BENCHMARKS, MODES, PRESETS, get_config, validate
+from mgrpo_jax.config import BENCHMARKS, MODES, PRESETS, get_config, rl_batch_rows, validate
 from mgrpo_jax.core.losses import loss_defaults
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -179,6 +179,13 @@ def test_micro_batches_that_do_not_split_a_batch_are_reported():
     (problem,) = _problems(c)
     assert problem.startswith("sub.micro_batches=32: a batch of 48 rows "
                               "(rollout.queries x rollout.samples x rollout.d_max)")
+
+
+def test_rl_batch_rows_per_agent_and_mode():
+    c = get_config("xbench", "local")  # Q = 16, K = 8, D = 2, unsync_chunk = 128
+    assert (rl_batch_rows(c, "main"), rl_batch_rows(c, "sub"), rl_batch_rows(c, "single")) == (128, 256, 128)
+    c.mode = "mgrpo_unsync"
+    assert (rl_batch_rows(c, "main"), rl_batch_rows(c, "sub")) == (128, 128)
 
 
 def test_several_problems_are_reported_together():

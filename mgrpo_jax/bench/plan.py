@@ -57,7 +57,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from mgrpo_jax.bench.common import emit
-from mgrpo_jax.config import get_config
+from mgrpo_jax.config import get_config, rl_batch_rows
 from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_config, get_rules
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.sharding import resolve_mesh_shape
@@ -103,7 +103,7 @@ def paper_plan(agent: str = "sub", preset: str = "paper") -> Plan:
     c = get_config("xbench", preset)
     a = c[agent]
     model = get_model_config(a.model, **a.model_overrides.to_dict())
-    rows = c.rollout.queries * c.rollout.samples * (c.rollout.d_max if agent == "sub" else 1)
+    rows = rl_batch_rows(c, agent)
     return Plan(model, a.mesh.to_dict(), a.optim, a.loss, dict(a.loss_hparams), rows, a.micro_batches,
                 a.context_tokens, rows, c.rollout.max_turn_tokens, tuple(get_rules(a.sharding_rules)),
                 lora_spec(a.get("lora")))

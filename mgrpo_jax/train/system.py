@@ -14,6 +14,7 @@ import ml_collections
 from etils import epath
 from flax import nnx
 
+from mgrpo_jax.config import rl_batch_rows
 from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorldConfig, build_compact_environment
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
 from mgrpo_jax.env.experts import NoiseConfig
@@ -233,10 +234,7 @@ def agent_names(mode: str) -> tuple[str, ...]:
 
 def batch_rows(config, name: str) -> list[int]:
     """Rows per micro-batch of every batch the agent's train steps see; each must split over its data axes."""
-    rollout = config.rollout
-    rl_rows = rollout.queries * rollout.samples
-    if name == SUB:
-        rl_rows = rollout.unsync_chunk if config.mode == "mgrpo_unsync" else rl_rows * rollout.d_max
+    rl_rows = rl_batch_rows(config, name)
     micro = config[name].micro_batches
     for rows in (config.warmstart.batch_size, rl_rows):
         if rows % micro:
