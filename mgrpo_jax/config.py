@@ -56,13 +56,14 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"  # a name registered in mgrpo_jax.core.losses (register_loss)
-    # The loss's keyword arguments. Unset (None) ones take the loss's own defaults (`loss_defaults(name)`: grpo's
-    # clip range is 0.2/0.28 per token, gspo's 3e-4/4e-4 on the sequence-mean ratio, ...). kl_coef > 0 builds a frozen
-    # reference policy (the agent's initial weights) whose log-probs the loss's KL term (kl_estimator) uses.
+    # The loss's keyword arguments, all unset (None) here: the loss's registration holds their defaults
+    # (`mgrpo_jax.core.losses.loss_defaults(name)`) and a value set here overrides its own (`resolve_loss_hparams`).
+    # The fields exist so command-line overrides are typed. kl_coef > 0 builds a frozen reference policy (the agent's
+    # initial weights) whose log-probs the loss's KL term (kl_estimator) uses.
     agent.loss_hparams = ml_collections.ConfigDict(
         {"eps_low": placeholder(float), "eps_high": placeholder(float), "aggregation": placeholder(str),
          "ratio_level": placeholder(str), "dual_clip": placeholder(float), "max_tokens": placeholder(int),
-         "kl_coef": 0.0, "kl_estimator": "k3"})
+         "kl_coef": placeholder(float), "kl_estimator": placeholder(str)})
     agent.optim = ml_collections.ConfigDict(
         {"lr": lr, "warmup_steps": 0, "decay": "constant", "total_steps": 0, "b1": 0.9, "b2": 0.98,
          "weight_decay": 0.1, "grad_clip_norm": 1.0})

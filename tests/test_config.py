@@ -53,8 +53,12 @@ def test_paper_preset_carries_the_paper_settings():
     c = get_config("xbench", "paper")
     assert (c.rollout.samples, c.rollout.d_max) == (8, 8)
     assert tuple(c.rewards.alpha) == (0.1, 0.9) and tuple(c.rewards.beta) == (0.1, 0.4, 0.5)
-    assert c.main.loss == "grpo" and c.main.loss_hparams.eps_low is None and c.main.loss_hparams.kl_coef == 0
+    assert c.main.loss == "grpo" and c.main.loss_hparams.eps_low is None and c.main.loss_hparams.kl_coef is None
     assert (loss_defaults("grpo")["eps_low"], loss_defaults("grpo")["eps_high"]) == (0.2, 0.28)  # the paper's clip
+    assert loss_defaults("grpo")["kl_coef"] == 0  # no KL
+    # The losses' registrations hold the defaults; the config only overrides them.
+    for agent in (c.main, c.sub, c.single):
+        assert all(value is None for value in agent.loss_hparams.values()), agent.loss_hparams
     assert c.main.model == "qwen3-30b-a3b" and c.sub.model == "qwen3-30b-a3b"  # the paper's model (issue 18)
     assert c.main.mesh.expert == c.sub.mesh.expert == 8
     dense = get_config("xbench", "paper_dense")

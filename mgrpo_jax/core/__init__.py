@@ -20,6 +20,7 @@ from mgrpo_jax.core.losses import (
     loss_defaults,
     ppo_clip_loss,
     register_loss,
+    resolve_loss_hparams,
 )
 from mgrpo_jax.core.mgrpo import RolloutArrays, Targets, TargetsConfig, mgrpo_targets
 from mgrpo_jax.core.rewards import main_reward, sub_reward
@@ -47,6 +48,7 @@ __all__ = [
     "main_reward",
     "ppo_clip_loss",
     "register_loss",
+    "resolve_loss_hparams",
     "sub_advantages",
     "sub_reward",
     "suggest_d_max",

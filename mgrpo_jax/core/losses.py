@@ -15,7 +15,10 @@ Register your own with
     def my_loss(inputs, **hparams): ...
 
 and select it with `config.main.loss = "my_loss"`. `register_loss("my_loss", eps_high=0.3)` gives the loss its own
-defaults: the config's `loss_hparams` left unset (None) take them, the ones set override them.
+defaults. A registration is the only place a loss's default values live (the functions here take every
+hyper-parameter as a required keyword): the config's `loss_hparams` are unset (None) unless a run sets them, and
+`resolve_loss_hparams(name, config_hparams)` puts the ones set over the registration's, for the train step and for
+the learner's logged `<agent>/loss/*` alike.
 """
 
 import functools
@@ -48,13 +51,13 @@ def _masked_mean(values, mask):
     return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def aggregate(token_losses, mask, weights, mode: str = "seq-mean-token-mean", max_tokens: int | None = None):
+def aggregate(token_losses, mask, weights, mode: str, max_tokens: int | None):
     """Reduce [B, T] per-token losses to `(loss_sum, denominator)` according to `mode`.
 
     seq-mean-token-mean      mean over a row's tokens, then mean over rows (GRPO);
     token-mean               mean over every trained token of the batch (DAPO);
     seq-mean-token-sum       sum over a row's tokens, mean over rows;
-    seq-mean-token-sum-norm  sum over a row's tokens / max_tokens (default T), mean over rows (Dr. GRPO).
+    seq-mean-token-sum-norm  sum over a row's tokens / max_tokens (None: T), mean over rows (Dr. GRPO).
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregation={mode!r} is not one of {AGGREGATIONS}")
@@ -72,7 +75,7 @@ def aggregate(token_losses, mask, weights, mode: str = "seq-mean-token-mean", ma
     return (weights * row_sum / norm).sum(), weights.sum()
 
 
-def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3"):
+def kl_penalty(logprobs, ref_logprobs, estimator: str):
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta: k1 or the low-variance k3."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
@@ -85,16 +88,18 @@ def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3"):
 def ppo_clip_loss(
     inputs: PolicyLossInputs,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    ratio_level: str = "token",
-    aggregation: str = "seq-mean-token-mean",
-    max_tokens: int | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+    ratio_level: str,
+    aggregation: str,
+    max_tokens: int | None,
+    kl_coef: float,
+    kl_estimator: str,
 ):
-    """PPO-clipped surrogate with clip-higher, optional dual clip and an optional KL to a reference.
+    """PPO-clipped surrogate with clip-higher, optional dual clip (None: off) and an optional KL to a reference
+    (`kl_coef` times `kl_estimator`'s estimate, where the inputs carry `ref_logprobs`). No defaults here: the
+    registered losses below hold them (`get_loss("grpo")` is this with grpo's).
 
     ratio_level: "token" (per-token ratio), "sequence" (the paper's trajectory ratio, the product of the
     token ratios, formed in log space) or "sequence-mean" (GSPO's length-normalised geometric mean).
@@ -154,7 +159,7 @@ _DEFAULTS: dict[str, dict] = {}
 
 def register_loss(name: str, *, overwrite: bool = False, **defaults):
     """Decorator registering `fn(inputs, **hparams) -> (loss_sum, denominator, metrics)` under `name`, with the
-    hyper-parameters it owns: `get_loss(name)` calls it with `defaults` under whatever the config sets."""
+    default values of the hyper-parameters it takes (`resolve_loss_hparams` puts a config's over them)."""
     register = _REGISTRY.register(name, overwrite=overwrite)
 
     def decorator(fn):
@@ -171,17 +176,27 @@ def loss_defaults(name: str) -> dict:
     return dict(_DEFAULTS.get(name, {}))
 
 
-def get_loss(name: str) -> LossFn:
-    """Loss `name` with its own defaults applied; keyword arguments given to the result override them."""
-    fn, defaults = _REGISTRY.get(name), _DEFAULTS.get(name)
-    return functools.partial(fn, **defaults) if defaults else fn
+def resolve_loss_hparams(name: str, config_hparams=None) -> dict:
+    """The keyword arguments loss `name` runs with: its registration's defaults under those `config_hparams` (a
+    mapping, e.g. an agent's `loss_hparams.to_dict()`) sets; None means unset."""
+    overrides = {k: v for k, v in dict(config_hparams or {}).items() if v is not None}
+    return {**loss_defaults(name), **overrides}
+
+
+def get_loss(name: str, config_hparams=None) -> LossFn:
+    """Loss `name` bound to `resolve_loss_hparams(name, config_hparams)`; keyword arguments given to the result
+    override those."""
+    fn, hparams = _REGISTRY.get(name), resolve_loss_hparams(name, config_hparams)
+    return functools.partial(fn, **hparams) if hparams else fn
 
 
 def available_losses() -> list[str]:
     return _REGISTRY.names()
 
 
-GRPO_DEFAULTS = {"eps_low": 0.2, "eps_high": 0.28, "ratio_level": "token", "aggregation": "seq-mean-token-mean"}
+# kl_coef 0: no KL term, and no reference policy is built (mgrpo_jax/train/learner.py).
+GRPO_DEFAULTS = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "ratio_level": "token",
+                 "aggregation": "seq-mean-token-mean", "max_tokens": None, "kl_coef": 0.0, "kl_estimator": "k3"}
 DR_GRPO_DEFAULTS = {**GRPO_DEFAULTS, "aggregation": "seq-mean-token-sum-norm"}
 GSPO_DEFAULTS = {**GRPO_DEFAULTS, "ratio_level": "sequence-mean", "eps_low": 3e-4, "eps_high": 4e-4}
 
@@ -189,7 +204,7 @@ GSPO_DEFAULTS = {**GRPO_DEFAULTS, "ratio_level": "sequence-mean", "eps_low": 3e-
 @register_loss("grpo", **GRPO_DEFAULTS)
 def grpo_loss(inputs: PolicyLossInputs, **hparams):
     """GRPO / M-GRPO: token-level clipped ratio, clip-higher (0.2, 0.28), per-sequence token mean."""
-    return ppo_clip_loss(inputs, **{**GRPO_DEFAULTS, **hparams})
+    return ppo_clip_loss(inputs, **hparams)
 
 
 @register_loss("dr_grpo", **DR_GRPO_DEFAULTS)
@@ -198,10 +213,10 @@ def dr_grpo_loss(inputs: PolicyLossInputs, **hparams):
 
     Pair it with `scale="none"` advantages, as the Dr. GRPO paper does.
     """
-    return ppo_clip_loss(inputs, **{**DR_GRPO_DEFAULTS, **hparams})
+    return ppo_clip_loss(inputs, **hparams)
 
 
 @register_loss("gspo", **GSPO_DEFAULTS)
 def gspo_loss(inputs: PolicyLossInputs, **hparams):
     """GSPO: one length-normalised sequence ratio per trajectory, with GSPO's narrow clip range (3e-4, 4e-4)."""
-    return ppo_clip_loss(inputs, **{**GSPO_DEFAULTS, **hparams})
+    return ppo_clip_loss(inputs, **hparams)

@@ -1,3 +1,5 @@
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,8 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mgrpo_jax.core import PolicyLossInputs, available_losses, get_loss, kl_penalty, ppo_clip_loss, register_loss
+from mgrpo_jax.core import (
+    PolicyLossInputs,
+    available_losses,
+    get_loss,
+    kl_penalty,
+    loss_defaults,
+    ppo_clip_loss,
+    register_loss,
+    resolve_loss_hparams,
+)
 from mgrpo_jax.core.losses import AGGREGATIONS
+
+GRPO = get_loss("grpo")  # ppo_clip_loss with grpo's defaults: what most tests here exercise
 
 
 def _inputs(logprobs, old, adv, mask, **kw):
@@ -15,7 +28,7 @@ def _inputs(logprobs, old, adv, mask, **kw):
 
 
 def _loss(inputs, **kw):
-    loss_sum, denom, _ = ppo_clip_loss(inputs, **kw)
+    loss_sum, denom, _ = GRPO(inputs, **kw)
     return loss_sum / denom
 
 
@@ -29,7 +42,7 @@ def test_hand_computed_token_level_clipped_loss():
     # row 1: -min(0.5*-2, 0.8*-2) = 1.6, 2.0, 2.0 -> mean 1.8666..
     expected = (-1.14 + (1.6 + 2.0 + 2.0) / 3) / 2
     np.testing.assert_allclose(_loss(_inputs(new, old, adv, mask)), expected, rtol=1e-6)
-    _, _, metrics = ppo_clip_loss(_inputs(new, old, adv, mask))
+    _, _, metrics = GRPO(_inputs(new, old, adv, mask))
     np.testing.assert_allclose(metrics["clip_frac"], 2 / 5)
     np.testing.assert_allclose(metrics["ratio_max"], 1.5, rtol=1e-6)
     np.testing.assert_allclose(metrics["ratio_min"], 0.5, rtol=1e-6)
@@ -66,8 +79,8 @@ def test_micro_batches_add_up_exactly(aggregation, ratio_level, seed):
     inputs = _inputs(rng.normal(size=(b, t)) * 0.1, rng.normal(size=(b, t)) * 0.1, rng.normal(size=b), mask,
                      weights=jnp.asarray(rng.choice([0.0, 1.0, 2.0], size=b), jnp.float32))
     kw = dict(aggregation=aggregation, ratio_level=ratio_level, max_tokens=t)
-    full_sum, full_denom, _ = ppo_clip_loss(inputs, **kw)
-    parts = [ppo_clip_loss(jax.tree.map(lambda x, s=s: x[s], inputs), **kw) for s in (slice(0, 2), slice(2, 6))]
+    full_sum, full_denom, _ = GRPO(inputs, **kw)
+    parts = [GRPO(jax.tree.map(lambda x, s=s: x[s], inputs), **kw) for s in (slice(0, 2), slice(2, 6))]
     np.testing.assert_allclose(sum(p[0] for p in parts), full_sum, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(sum(p[1] for p in parts), full_denom, rtol=1e-6)
 
@@ -119,7 +132,7 @@ def test_kl_estimators_hand_computed():
     np.testing.assert_allclose(kl_penalty(lp, ref, "k3"), 0.5 - np.log(0.5) - 1, rtol=1e-6)
     inputs = _inputs(lp[None], np.log([[0.5]]), [0.0], np.ones((1, 1)), ref_logprobs=ref[None])
     np.testing.assert_allclose(_loss(inputs, kl_coef=0.1, kl_estimator="k1"), 0.1 * np.log(2), rtol=1e-5)
-    np.testing.assert_allclose(ppo_clip_loss(inputs)[2]["kl_ref"], 0.5 - np.log(0.5) - 1, rtol=1e-5)
+    np.testing.assert_allclose(GRPO(inputs)[2]["kl_ref"], 0.5 - np.log(0.5) - 1, rtol=1e-5)
 
 
 def test_registry_ships_three_losses_and_accepts_new_ones():
@@ -159,8 +172,20 @@ def test_jit_equals_eager_for_every_registered_loss():
 def test_bad_options_are_named():
     inputs = _inputs(np.zeros((1, 1)), np.zeros((1, 1)), [1.0], np.ones((1, 1)))
     with pytest.raises(ValueError, match="aggregation='mean'"):
-        ppo_clip_loss(inputs, aggregation="mean")
+        GRPO(inputs, aggregation="mean")
     with pytest.raises(ValueError, match="ratio_level"):
-        ppo_clip_loss(inputs, ratio_level="turn")
+        GRPO(inputs, ratio_level="turn")
     with pytest.raises(ValueError, match="kl_estimator"):
-        ppo_clip_loss(inputs._replace(ref_logprobs=jnp.zeros((1, 1))), kl_estimator="k2")
+        GRPO(inputs._replace(ref_logprobs=jnp.zeros((1, 1))), kl_estimator="k2")
+
+
+def test_a_default_lives_in_the_registration_only():
+    """ppo_clip_loss has no defaults of its own, every registered loss names each of its keywords, and the config's
+    values override the registration's where set (None: unset)."""
+    keywords = [p for p in inspect.signature(ppo_clip_loss).parameters.values() if p.name != "inputs"]
+    assert all(p.default is inspect.Parameter.empty for p in keywords)
+    for name in ("grpo", "dr_grpo", "gspo"):
+        assert set(loss_defaults(name)) == {p.name for p in keywords}, name
+    assert resolve_loss_hparams("gspo", {"eps_low": None, "eps_high": 0.5, "kl_coef": 0.0}) == {
+        **loss_defaults("gspo"), "eps_high": 0.5}
+    assert resolve_loss_hparams("grpo") == loss_defaults("grpo")

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mgrpo_jax.core import PolicyLossInputs, align, main_advantages, main_reward, ppo_clip_loss, sub_advantages
+from mgrpo_jax.core import PolicyLossInputs, align, get_loss, main_advantages, main_reward, sub_advantages
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def _pipeline(format_ok, correct, counts, logprobs, old, mask, key):
     adv_sub = sub_advantages(sub_rewards, weight)
     q, k = rewards.shape
     inputs = PolicyLossInputs(logprobs, old, adv_main.reshape(q * k), mask)
-    grad_fn = jax.grad(lambda lp: (lambda s, d, _: s / d)(*ppo_clip_loss(inputs._replace(logprobs=lp))))
+    grad_fn = jax.grad(lambda lp: (lambda s, d, _: s / d)(*get_loss("grpo")(inputs._replace(logprobs=lp))))
     return adv_main, adv_sub, grad_fn(logprobs)
 
 
