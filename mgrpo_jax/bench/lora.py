@@ -2,6 +2,7 @@
 
     python -m mgrpo_jax.bench.lora                     # the model benchmark's 'bench' shape, rank 16, all projections
     python -m mgrpo_jax.bench.lora --rank 64 --new-tokens 64
+    python -m mgrpo_jax.bench.lora --quick             # the 'tiny' shape, rank 2, 2 x (8 + 4) tokens: seconds
 
 On the ``bench`` model shape (mgrpo_jax/model/config.py) with adapters of ``--rank`` on every projection (B random,
 so the two paths compute the same non-trivial policy), ``--prompts`` prompts of ``--prompt-len`` random ids are
@@ -20,6 +21,7 @@ calls after one compiling call. The last stdout line is one JSON object (``mgrpo
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import ml_collections
@@ -32,6 +34,8 @@ from mgrpo_jax.model import abstract_model, get_model_config, make_mesh
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.train.state import create_lora_agent_state, merged_params
+
+QUICK = ["--model", "tiny", "--rank", "2", "--prompts", "2", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1"]
 
 
 def run(args) -> dict:
@@ -71,7 +75,11 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    emit(run(parser.parse_args(argv)))
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds: " + " ".join(QUICK))
+    args = parser.parse_args(argv)
+    if args.quick:  # the quick sizes first, so flags given beside --quick still override them
+        args = parser.parse_args([*QUICK, *(argv if argv is not None else sys.argv[1:])])
+    emit(run(args))
 
 
 if __name__ == "__main__":

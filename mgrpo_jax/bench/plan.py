@@ -5,6 +5,7 @@
     python -m mgrpo_jax.bench.plan --size=paper_dense   # the dense 8B preset on v5p-128, v5e-64, v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
     python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
+    python -m mgrpo_jax.bench.plan --quick              # --size=small --programs=decode: one compile, seconds
     python -m mgrpo_jax.bench.plan --lora               # the paper_lora preset's agent (the 8B with LoRA) on v5e-64,
                                                         # v6e-64, v5p-64
 
@@ -331,7 +332,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora", action="store_true", help="the paper_lora preset (default topologies: "
                         + ", ".join(LORA_TOPOLOGIES) + ")")
     parser.add_argument("--model_overrides", default="", help="e.g. attn_chunk=0,remat=False (ints / bools)")
+    parser.add_argument("--quick", action="store_true",
+                        help="--size=small --programs=decode: a tiny model's decode step on a 4-chip v5e, seconds")
     args = parser.parse_args(argv)
+    if args.quick:  # the train and prefill programs take most of the small size's compile time
+        args.size, args.programs = "small", "decode"
 
     table, prefix = SIZES[args.size]
     small = {"small": small_plan, "small_moe": small_moe_plan}
