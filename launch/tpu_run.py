@@ -56,7 +56,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     f"Experiment config file[:preset[,mode]], e.g. experiments/xbench.py:local,frozen_sub (default: "
     f"{DEFAULT_CONFIG}; a relative path not found from the current directory is taken from the repository). "
     f"Files: {', '.join(EXPERIMENT_FILES)}. Presets: {', '.join(PRESETS)} (default: local without accelerators, "
-    f"paper on TPU; experiments/presets.py). Modes: {', '.join(MODES)} (default: {MODES[0]}). Override any "
+    f"paper on TPU; mgrpo_jax/presets.py). Modes: {', '.join(MODES)} (default: {MODES[0]}). Override any "
     f"existing field with --config.FIELD=VALUE after --config, e.g. --config.main.loss=gspo, --config.seed=3, "
     f"--config.rewards.alpha='(0.2, 0.8)'.")
 flags.FLAGS["config"].default_as_str = repr(DEFAULT_CONFIG)  # for --help
@@ -111,7 +111,7 @@ def load_config(value: str, given: str | None = None):
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     name, _, mode = arg.partition(",")
-    presets = getattr(module, "PRESETS", None)  # the experiment files' convention (experiments/presets.py)
+    presets = getattr(module, "PRESETS", None)  # the experiment files' convention (mgrpo_jax/presets.py)
     if name and isinstance(presets, dict) and name not in presets:
         raise UsageError(f"--config={value}: unknown preset {name!r}{_did_you_mean(name, presets)} "
                          f"(presets: {', '.join(presets)})")

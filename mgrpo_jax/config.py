@@ -4,13 +4,13 @@
   validate(config, role)   every check the config alone allows (names, sizes, micro-batch splits, the decoupled
                            roles' needs), reported together in one ValueError; `mgrpo_jax.train.launch.run` calls
                            it before building anything;
-  get_config(benchmark, preset)  the config of `experiments/<benchmark>.py` for "preset[,mode]".
+  get_config(benchmark, preset)  the config of `benchmark` for "preset[,mode]" (`resolve`).
 
-The presets live with the experiments, big_vision style: `experiments/presets.py` holds the ones every benchmark
-shares (smoke, local, figures, paper, paper_lora: `PRESETS`) and each experiment file (`experiments/xbench.py`,
-`gaia.py`, `webwalker.py`) its table of presets and its `get_config("preset[,mode]")`. Those files are what users
-pass to `launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`; `get_config` here loads the same file by
-path, for package code, tests and scripts.
+The presets every benchmark shares live in the package, `mgrpo_jax/presets.py` (smoke, local, figures, paper,
+paper_dense, paper_lora), and `get_config` resolves them. The experiment files (`experiments/xbench.py`,
+`gaia.py`, `webwalker.py`), what users pass to `launch/tpu_run.py --config=experiments/xbench.py:local,frozen_sub`,
+start their tables from that one and call `resolve` too, so `get_config(b, arg)` and `experiments/<b>.py`'s
+`get_config(arg)` give the same config. Nothing in the package loads experiments/ (mgrpo_jax/presets.py says why).
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (mgrpo_jax/train/trainer.py says what each
 trains).
@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import math
 import numbers
-import os
 import re
-import sys
 import urllib.parse
+from collections.abc import Callable, Mapping
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from mgrpo_jax import presets
+
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
-PRESETS = ("smoke", "local", "figures", "paper", "paper_dense", "paper_lora")
+PRESETS = tuple(presets.PRESETS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
 
@@ -200,36 +200,29 @@ def default_preset() -> str:
     return "paper" if jax.default_backend() == "tpu" else "local"
 
 
-# ---- presets by name: experiments/<benchmark>.py ----
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout holding mgrpo_jax/ and experiments/
+# ---- presets by name ----
 
 
-def experiment_file(benchmark: str) -> str:
-    if benchmark not in BENCHMARKS:
-        raise ValueError(f"benchmark={benchmark!r} is not one of {BENCHMARKS}")
-    return os.path.join(REPO, "experiments", f"{benchmark}.py")
-
-
-def load_experiment(benchmark: str):
-    """`experiments/<benchmark>.py` as a fresh module, loaded by file path (as `config_flags` loads it)."""
-    path = experiment_file(benchmark)
-    if not os.path.isfile(path):
-        raise ValueError(f"benchmark={benchmark!r}: no experiment file {path}")
-    try:  # the experiment files import their shared presets as `experiments.presets`
-        importlib.util.find_spec("experiments.presets")
-    except ModuleNotFoundError:
-        sys.path.append(REPO)  # the checkout is not on the path (e.g. mgrpo_jax imported by an editable install)
-    spec = importlib.util.spec_from_file_location(f"experiments.{benchmark}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def resolve(benchmark: str, table: Mapping[str, Callable], arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config of `benchmark` for `arg` = "preset" or "preset,mode" from `table` (name -> a function editing the
+    defaults in place, e.g. `mgrpo_jax.presets.PRESETS`). None: `default_preset()`, mode mgrpo."""
+    name, _, mode = (arg or default_preset()).partition(",")
+    if name not in table:
+        raise ValueError(f"unknown preset {name!r}; presets are {tuple(table)}")
+    c = base_config(benchmark)
+    c.preset = name
+    if mode:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
+        c.mode = mode
+    table[name](c)
+    return c
 
 
 def get_config(benchmark: str = "xbench", preset: str | None = None) -> ml_collections.ConfigDict:
-    """`experiments/<benchmark>.py`'s config for `preset` (default `local`), which may carry a mode after a comma,
-    e.g. "local,frozen_sub"."""
-    return load_experiment(benchmark).get_config(preset or "local")
+    """`benchmark`'s config for `preset` (default `local`), which may carry a mode after a comma, e.g.
+    "local,frozen_sub"; the same as `experiments/<benchmark>.py`'s `get_config(preset)`."""
+    return resolve(benchmark, presets.PRESETS, preset or "local")
 
 
 # ---- validate ----

@@ -1,19 +1,26 @@
 """The package's modules import each other without cycles: every import statement counts, including those inside
-functions (a lazy import hides a cycle from Python, not from a reader)."""
+functions (a lazy import hides a cycle from Python, not from a reader). The experiment files count too: they import
+the package, so the package must never load them, by an import statement or by file path (importlib), a load no
+import graph can see."""
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "mgrpo_jax"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "mgrpo_jax"
+EXPERIMENTS = ROOT / "experiments"
+# Calls that load a module other than by an import statement (from a file path, or a name computed at run time).
+RUNTIME_LOADERS = {"spec_from_file_location", "spec_from_loader", "SourceFileLoader", "module_from_spec",
+                   "exec_module", "load_module", "run_path", "run_module", "import_module", "__import__"}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(trees=(PACKAGE,)) -> dict[str, set[str]]:
+    modules = {module_name(p): p for tree in trees for p in tree.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -73,5 +80,35 @@ def test_the_graph_sees_lazy_and_relative_imports():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def runtime_loads(source: str) -> list[str]:
+    """The calls in `source` that load a module the import graph cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in RUNTIME_LOADERS:
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
 def test_no_import_cycles_between_the_package_modules():
     assert cycles(import_graph()) == []
+
+
+def test_the_package_loads_modules_by_import_statements_only():
+    """So the graph above has every edge: a module loaded by path (as `get_config` once loaded
+    experiments/<benchmark>.py, which imports mgrpo_jax.config) would be a cycle it misses."""
+    assert runtime_loads("import importlib.util\nspec = importlib.util.spec_from_file_location('x', 'x.py')\n"
+                         "spec.loader.exec_module(m)\n") == ["line 2: spec_from_file_location", "line 3: exec_module"]
+    found = {module_name(p): runtime_loads(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    assert {name: calls for name, calls in found.items() if calls} == {}
+
+
+def test_the_experiment_files_import_the_package_never_the_reverse():
+    graph = import_graph((PACKAGE, EXPERIMENTS))
+    assert "mgrpo_jax.config" in graph["experiments.xbench"]
+    assert {name: sorted(e for e in edges if e.startswith("experiments"))
+            for name, edges in graph.items() if name.startswith("mgrpo_jax")
+            and any(e.startswith("experiments") for e in edges)} == {}
+    assert [c for c in cycles(graph) if any(m.startswith("mgrpo_jax") for m in c)] == []

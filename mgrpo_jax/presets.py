@@ -1,8 +1,7 @@
-"""The presets every benchmark shares, and the parsing of an experiment file's argument.
-
-A preset is a function that edits the defaults (`mgrpo_jax.config.base_config`) in place. Each experiment file
-(`experiments/xbench.py`, `gaia.py`, `webwalker.py`) lists its presets in a table, name -> function, and its
-`get_config(arg)` calls `resolve` here:
+"""The presets every benchmark shares: functions that edit the defaults (`mgrpo_jax.config.base_config`) in place,
+and `PRESETS`, their table by name. `mgrpo_jax.config.get_config(benchmark, "preset[,mode]")` resolves them, and
+each experiment file (`experiments/xbench.py`, `gaia.py`, `webwalker.py`, what
+`launch/tpu_run.py --config=experiments/xbench.py:local` loads) starts its own table from this one.
 
   smoke   the whole pipeline (warm start, RL steps of both agents, eval, checkpoint) in under a minute;
           used by the tests.
@@ -16,34 +15,24 @@ A preset is a function that edits the defaults (`mgrpo_jax.config.base_config`) 
           for smaller slices (README "LoRA").
 
 `compact` (the compact world, grammar and model sized for a CPU) and `small_world` are building blocks of the
-presets above. A new preset is a function in an experiment file (for one benchmark) or here (for all of them),
-added to the experiment files' tables; `mgrpo_jax.config.validate` checks what it produces.
+presets above.
+
+Why here and not in experiments/: package code, tests and scripts need the presets by name (`get_config`), and the
+experiment files import the package. With the presets in experiments/ the package had to load those files by path,
+an import cycle (package -> experiment file -> package) that no import statement shows. Here the dependency runs
+one way: experiments/ imports the package, the package never loads experiments/ (tests/test_imports.py checks
+both). The cost: a preset only one experiment file lists is reachable through that file (`--config=FILE:name`),
+not through `get_config`; a preset package code or tests use belongs here. This module imports no other module
+of the package, so `mgrpo_jax.config` can import it and stay free of jax.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import ml_collections
 
-from mgrpo_jax.config import MODES, base_config, default_preset
-
 Preset = Callable[[ml_collections.ConfigDict], None]
-
-
-def resolve(benchmark: str, presets: Mapping[str, Preset], arg: str | None = None) -> ml_collections.ConfigDict:
-    """The config of `benchmark` for `arg` = "preset" or "preset,mode" (None: `default_preset()`, mode mgrpo)."""
-    name, _, mode = (arg or default_preset()).partition(",")
-    if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; presets are {tuple(presets)}")
-    c = base_config(benchmark)
-    c.preset = name
-    if mode:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
-        c.mode = mode
-    presets[name](c)
-    return c
 
 
 def small_world(c, entities: int) -> None:
@@ -159,6 +148,7 @@ def paper(c) -> None:
         # gathered over the expert axis (8 rows of 32k per chip in the train step) without it.
         agent.model_overrides.moe_chunk = 32_768
 
+
 def paper_dense(c) -> None:
     """The paper's settings (K = 8, D = 8, alpha/beta weights, clip 0.2/0.28, no KL), 8B-class dense models, for a
     TPU pod slice."""
@@ -202,3 +192,8 @@ def paper_lora(c) -> None:
         agent.lora.update({"rank": 64, "alpha": 64.0, "target": "."})
         agent.model_overrides.param_dtype = "bfloat16"  # never updated, so no float32 master copy is needed
         agent.optim.lr = 10 * agent.optim.lr  # adapters take ~10x full fine-tuning's rate (LoRA practice)
+
+
+# name -> preset; the order is the one `--help` lists.
+PRESETS: dict[str, Preset] = {"smoke": smoke, "local": local, "figures": figures, "paper": paper,
+                              "paper_dense": paper_dense, "paper_lora": paper_lora}
