@@ -1,29 +1,6 @@
-"""The throughput benchmark's code paths at the smoke preset and a tiny GRPO shape (no timing assertions)."""
-
-import json
+"""The throughput benchmark's bookkeeping (no timing assertions; its quick mode runs in test_quick_modes.py)."""
 
 from mgrpo_jax.bench import rollout as bench
-
-TINY = ["--preset", "smoke", "--steps", "1", "--warmup-steps", "1", "--warmstart-steps", "2",
-        "--grpo-model", "tiny", "--grpo-overrides", "n_layers=1,vocab_size=256", "--grpo-prompts", "2",
-        "--grpo-samples", "2", "--grpo-prompt-len", "8", "--grpo-new-tokens", "8", "--grpo-repeats", "1"]
-REQUIRED = ("episodes_per_s", "tokens_per_s", "compute_share", "peak_memory_gb", "grpo_step_s",
-            "grpo_sampling_s", "grpo_update_s")
-
-
-def test_smoke_benchmark_emits_one_json_line(capsys):
-    figures = bench.main(TINY)
-    out = capsys.readouterr().out
-    assert "barely warm-started" in out
-    parsed = json.loads(out.strip().splitlines()[-1])
-    for key in REQUIRED:
-        assert key in parsed and parsed[key] > 0, key
-    assert 0 < parsed["compute_share"] <= 1
-    assert parsed["grpo_step_s"] == figures["grpo_step_s"]
-    assert parsed["grpo_shape"]["rows"] == 4 and parsed["grpo_shape"]["seq"] == 16
-    assert parsed["preset"] == "smoke" and parsed["rl_steps"] == 1
-    phases = sum(parsed[f"phase_{p}"] for p in bench.PHASES)
-    assert abs(phases - parsed["step_s"]) < 1e-6 * max(1.0, parsed["step_s"])
 
 
 def test_compute_timer_keeps_compiling_calls_apart():
@@ -33,3 +10,46 @@ def test_compute_timer_keeps_compiling_calls_apart():
     timer.add("train_step", 0.25, compiled=False)
     assert (timer.compute_s, timer.compile_s, timer.calls, timer.compiles) == (0.75, 2.0, 3, 1)
     assert timer.by_kind == {"sampler": 0.5, "train_step": 0.25}
+
+
+class FakeTrainer:
+    """RL steps that grow a jit cache (compile) for the first `compiling` steps."""
+
+    def __init__(self, compiling: int):
+        self.step, self.cache, self.compiling = 0, 0, compiling
+
+    def rl_step(self):
+        if self.step < self.compiling:
+            self.cache += 1
+        return {"time/step_s": 0.1}
+
+
+def test_warm_up_runs_until_steps_in_a_row_compile_nothing(monkeypatch):
+    monkeypatch.setattr(bench, "jit_cache_sizes", lambda trainer: (trainer.cache,))
+    timer = bench.ComputeTimer()
+    trainer = FakeTrainer(compiling=3)
+    out = bench.warm_up(trainer, timer, least=1, most=8, quiet=2)
+    assert (out["warmup_steps_run"], out["warmup_settled"], trainer.step) == (5, True, 5)
+    assert bench.warm_up(FakeTrainer(compiling=3), timer, least=1, most=8, quiet=1)["warmup_steps_run"] == 4
+    # At least `least` steps even when the first compiles nothing; never more than `most`.
+    assert bench.warm_up(FakeTrainer(compiling=0), timer, least=3, most=8, quiet=1)["warmup_steps_run"] == 3
+    capped = bench.warm_up(FakeTrainer(compiling=10), timer, least=1, most=3)
+    assert (capped["warmup_steps_run"], capped["warmup_settled"]) == (3, False)
+
+
+class FakeStep:
+    """A train step whose first call traces (compiles)."""
+
+    trace_count = 0
+
+    def __call__(self, state, batch):
+        self.trace_count = 1
+        return state
+
+
+def test_a_compiling_call_of_a_timed_step_counts_as_compile_time():
+    timer = bench.ComputeTimer()
+    timed = bench.TimedStep(FakeStep(), timer, "train_step")
+    timed(None, None)
+    timed(None, None)
+    assert (timer.compiles, timer.calls, timed.trace_count) == (1, 2, 1)
