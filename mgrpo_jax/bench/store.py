@@ -4,6 +4,8 @@
                                                          # a local-preset step (measured by a short local run)
     python -m mgrpo_jax.bench.store --metrics runs/xbench-local/metrics.jsonl   # step time from a run's metrics
     python -m mgrpo_jax.bench.store --step-s 3.2         # or a step time measured elsewhere
+    python -m mgrpo_jax.bench.store --backends file --fifo-backends file   # file:// only (no emulator)
+    python -m mgrpo_jax.bench.store --quick               # the code path in tens of seconds
 
 **What one step moves.** The benchmark replays, through the real store API and in the decoupled mode's order,
 what `mgrpo_jax/train/decoupled.py` writes and reads per RL step, with the main job's and the sub job's
@@ -36,12 +38,22 @@ against the file store; ``gcs_emulator`` repeats it against `gcp-storage-emulato
 path, not GCS latency); ``*_unsync`` figures add the FIFO phase.
 
 ``exchange_share`` = the synchronised exchange's time at the ``local`` preset's sizes against the file store
-(what two local jobs use) / the ``local`` preset's RL step time. The step time is, by default, measured: a
-``Trainer`` of the preset is built with a short warm start (``--warmstart-steps``, default 20), runs one
-untimed RL step (compilation) and ``--rl-steps`` timed ones, and the median ``time/step_s`` is used. A barely
-warm-started model ends episodes differently from a trained one; ``--metrics PATH`` takes the median
-``time/step_s`` of a real run's ``metrics.jsonl`` instead (its first ``--skip-steps`` steps, which compile,
-left out), and ``--step-s`` a given value. The target is a share under 5 %.
+(what two local jobs use) / the ``local`` preset's RL step time. The step time is, by default, measured as
+``bench.rollout`` measures its RL steps: a ``Trainer`` of the preset is warm-started as far as the preset's own
+runs are (``--warmstart-steps``, default its ``warmstart.min_steps``: 500 per agent for ``local``, so episodes
+have a real run's lengths), runs untimed RL steps until one compiles nothing new (at most
+``--max-warmup-steps``), then ``--rl-steps`` timed ones, and the median ``time/step_s`` is used (a few minutes
+on 2 cores). ``--metrics PATH`` takes the median ``time/step_s`` of a real run's ``metrics.jsonl`` instead (its
+first ``--skip-steps`` steps, which compile, left out), and ``--step-s`` a given value (e.g. ``bench.rollout``'s
+``step_s_excluding_compile``). The target is a share under 5 %.
+
+Token ids are drawn from the payload world's vocabulary: the chat world's configured size, or the compact
+world's word model (whose size the world decides; ``local`` configures 0), which also counts the compact
+episodes' tokens.
+
+``--quick``: Q,K,D = 4,2,2 and the ``local`` sizes on file:// only, one timed step each, and the share against a
+``smoke`` run's step (``--step-preset smoke``, 2-step warm start): every phase and the step measurement in
+tens of seconds; its share compares different presets and means nothing.
 
 The last stdout line is one JSON object (``mgrpo_jax.bench.common.emit``).
 """
@@ -78,6 +90,11 @@ PAPER_SIZES = (32, 8, 8)  # Q, K, D of the issue's paper preset
 SYNC_PHASES = ("tasks", "serve", "answers", "main_commit", "sub_read", "sub_commit", "lag_wait", "gc")
 CHARS_PER_TOKEN = 3.5
 TARGET_SHARE = 0.05
+# Local sizes (the exchange share's) on file:// at a small --sizes, the share against a smoke run's step: every
+# phase, the compact world's payloads and the step-time measurement, in tens of seconds.
+QUICK = ["--sizes", "4,2,2", "--backends", "file", "--fifo-backends", "file", "--steps", "1", "--warmup", "1",
+         "--share-steps", "1", "--step-preset", "smoke", "--warmstart-steps", "2", "--rl-steps", "1",
+         "--max-warmup-steps", "1"]
 
 
 # ------------------------------------------------------------------------------------------ metering
@@ -158,12 +175,24 @@ def metered(meter: Meter):
 # ------------------------------------------------------------------------------------------ payloads
 
 
-def payload_pool(preset: str, limit: int = 60) -> list[dict]:
-    """Delegations and sub-agent episodes of the offline world's scripted experts (realistic text sizes)."""
+def payload_pool(preset: str, limit: int = 60) -> tuple[list[dict], int]:
+    """Delegations and sub-agent episodes of the offline world's scripted experts (realistic text sizes), and the
+    vocabulary size their token ids are drawn from.
+
+    The compact world's tokenizer is a word model whose size the world decides (`tokenizer.vocab_size` 0): it is
+    trained here (well under a second), and it counts the episodes' tokens; the chat world's BPE sizes are
+    estimated from characters."""
+    from mgrpo_jax.env.compact import CompactEnvironment
     from mgrpo_jax.train import system
 
     config = get_config("xbench", preset)
     env = system.build_environment(config)
+    tokenizer, vocab = None, int(config.tokenizer.vocab_size)
+    if isinstance(env, CompactEnvironment):
+        tokenizer = system.train_word_tokenizer(env, config)
+        vocab = tokenizer.vocab_size
+    if vocab <= 0:
+        raise ValueError(f"the {preset} preset's tokenizer.vocab_size is {vocab}: no token ids to draw")
     experts = env.experts(system.noise_config(config))
     pool = []
     for question in list(env.questions.stage2)[:limit]:
@@ -171,18 +200,21 @@ def payload_pool(preset: str, limit: int = 60) -> list[dict]:
         for j, sub in enumerate(transcript.subs):
             # The expert passes the previous finding on as context (its exact rule is in experts.main_agent).
             context = f"Found earlier: {transcript.subs[j - 1].answer}." if j else ""
-            chat_chars = sum(len(text) for _, text in sub.as_chat())
+            texts = [text for _, text in sub.as_chat()]
+            if tokenizer is not None:
+                tokens = sum(len(tokenizer.encode(text)) for text in texts)
+            else:
+                tokens = int(sum(len(text) for text in texts) / CHARS_PER_TOKEN)
             tool_calls = {}
             for turn in sub.assistant_turns:
                 for name in ("search", "visit"):
                     if f'"name": "{name}"' in turn:
                         tool_calls[name] = tool_calls.get(name, 0) + 1
             pool.append({"task": sub.task, "context": context, "question_id": question.id, "answer": sub.answer,
-                         "turns": list(sub.assistant_turns), "tool_calls": tool_calls,
-                         "tokens": max(1, int(chat_chars / CHARS_PER_TOKEN))})
+                         "turns": list(sub.assistant_turns), "tool_calls": tool_calls, "tokens": max(1, tokens)})
     if not pool:
         raise RuntimeError(f"the {preset} world's experts delegated nothing: no payloads to benchmark")
-    return pool
+    return pool, vocab
 
 
 class StepData:
@@ -394,28 +426,30 @@ def step_time_from_metrics(path: str, skip: int) -> tuple[float, list[float]]:
     return statistics.median(times[skip:]), times[skip:]
 
 
-def measure_step_time(preset: str, warmstart_steps: int, rl_steps: int) -> tuple[float, list[float]]:
-    """Median ``time/step_s`` of a short colocated run of ``preset`` (after one untimed RL step)."""
+def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
+                      max_warmup_steps: int) -> tuple[float, list[float], str]:
+    """Median ``time/step_s`` of a short colocated run of ``preset``, set up as ``bench.rollout`` sets up its own:
+    warm-started as far as the preset's runs are, RL steps untimed until one compiles nothing new."""
+    from mgrpo_jax.bench.rollout import ComputeTimer, instrument_trainer, prepare_config, warm_up
     from mgrpo_jax.train.trainer import Trainer
 
-    config = get_config("xbench", preset)
-    config.warmstart.steps = warmstart_steps
-    if "warmstart_steps" in config.main:
-        config.main.warmstart_steps = warmstart_steps
-    config.train.steps = rl_steps + 1
-    config.store = f"memory://bench-store-{uuid.uuid4().hex[:8]}"
+    config, warm = prepare_config("xbench", preset, warmstart_steps, max_warmup_steps + rl_steps, "bench-store")
     with tempfile.TemporaryDirectory(prefix="bench-store-") as workdir:
         trainer = Trainer(config, workdir)
         trainer.warm_start()
+        timer = ComputeTimer()
+        instrument_trainer(trainer, timer)
+        warmup = warm_up(trainer, timer, 1, max_warmup_steps, label=f"{preset} untimed")
         times = []
-        for i in range(rl_steps + 1):
+        for _ in range(rl_steps):
             metrics = trainer.rl_step()
             trainer.step += 1
-            if i:
-                times.append(float(metrics["time/step_s"]))
-            print(f"{preset} rl step {trainer.step}: {metrics['time/step_s']:.2f} s"
-                  + (" (untimed: compiles)" if not i else ""), flush=True)
-    return statistics.median(times), times
+            times.append(float(metrics["time/step_s"]))
+            print(f"{preset} rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
+    source = (f"median time/step_s of {rl_steps} RL steps of a {preset} run warm-started {warm} steps per agent, "
+              f"after {warmup['warmup_steps_run']} untimed steps"
+              + ("" if warmup["warmup_settled"] else " (still compiling at the cap)"))
+    return statistics.median(times), times, source
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -444,12 +478,20 @@ def parse_args(argv=None):
     p.add_argument("--preset", default="local", help="the preset whose step the exchange is compared to")
     p.add_argument("--payload-preset", default="local", help="the world whose experts' text fills the records")
     p.add_argument("--share-steps", type=int, default=3, help="timed exchange steps at the preset's sizes")
+    p.add_argument("--step-preset", default=None,
+                   help="the preset whose RL step is measured (default --preset; quick mode: smoke, to be quick)")
     p.add_argument("--step-s", type=float, default=None, help="the preset's RL step time, measured elsewhere")
     p.add_argument("--metrics", default=None, help="a run's metrics.jsonl to take the median time/step_s from")
     p.add_argument("--skip-steps", type=int, default=2, help="first steps of --metrics left out (compilation)")
-    p.add_argument("--warmstart-steps", type=int, default=20, help="warm start of the measuring run, per agent")
+    p.add_argument("--warmstart-steps", type=int, default=None,
+                   help="warm start of the measuring run, per agent (default: the preset's warmstart.min_steps)")
     p.add_argument("--rl-steps", type=int, default=3, help="timed RL steps of the measuring run")
-    return p.parse_args(argv)
+    p.add_argument("--max-warmup-steps", type=int, default=8,
+                   help="untimed RL steps of the measuring run at most (it stops at the first that compiles nothing)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds: " + " ".join(QUICK))
+    args = p.parse_args(argv)
+    # The quick sizes first, so flags given beside --quick still override them.
+    return p.parse_args([*QUICK, *(argv if argv is not None else sys.argv[1:])]) if args.quick else args
 
 
 def _store_url(backend: str, tmp: str, name: str, gs_base: str | None) -> str:
@@ -471,8 +513,9 @@ def main(argv=None) -> dict:
     local_sizes = (local.rollout.queries, local.rollout.samples, local.rollout.d_max)
     figures: dict = {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0], "sizes": list(args.sizes),
                      "preset": args.preset, "preset_sizes": list(local_sizes)}
-    pool = payload_pool(args.payload_preset)
-    print(f"payloads: {len(pool)} expert delegations of the {args.payload_preset} world", flush=True)
+    pool, vocab = payload_pool(args.payload_preset)
+    print(f"payloads: {len(pool)} expert delegations of the {args.payload_preset} world (vocabulary {vocab}, "
+          f"{np.mean([p['tokens'] for p in pool]):.0f} tokens per sub-agent episode)", flush=True)
 
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-store-"))
@@ -485,10 +528,10 @@ def main(argv=None) -> dict:
             gs = backend == "gs"
             result = bench_exchange(_store_url(backend, tmp, "paper", gs_base), args.sizes, pool,
                                     steps=args.gs_steps if gs else args.steps, warmup=0 if gs else args.warmup,
-                                    rounds=args.rounds, chunk=chunk, vocab=paper.tokenizer.vocab_size, fifo=fifo)
+                                    rounds=args.rounds, chunk=chunk, vocab=vocab, fifo=fifo)
             share = bench_exchange(_store_url(backend, tmp, "local", gs_base), local_sizes, pool,
                                    steps=args.share_steps, warmup=1, rounds=None, chunk=local.rollout.unsync_chunk,
-                                   vocab=local.tokenizer.vocab_size, fifo=True)
+                                   vocab=vocab, fifo=True)
             result["preset_exchange_s"] = share["step_exchange_s"]
             result["preset_exchange_s_unsync"] = share["step_exchange_s_unsync"]
             result["preset_exchange_phases_s"] = share["phases_s"]
@@ -505,10 +548,10 @@ def main(argv=None) -> dict:
         step_s, samples = step_time_from_metrics(args.metrics, args.skip_steps)
         source = f"median time/step_s of {args.metrics} (first {args.skip_steps} steps left out)"
     else:
-        step_s, samples = measure_step_time(args.preset, args.warmstart_steps, args.rl_steps)
-        source = (f"median time/step_s of {args.rl_steps} RL steps of a {args.preset} run warm-started "
-                  f"{args.warmstart_steps} steps per agent")
-    figures.update({"step_s": step_s, "step_s_samples": samples, "step_s_source": source})
+        step_s, samples, source = measure_step_time(args.step_preset or args.preset, args.warmstart_steps,
+                                                    args.rl_steps, args.max_warmup_steps)
+    figures.update({"step_s": step_s, "step_s_samples": samples, "step_s_source": source,
+                    "step_preset": args.step_preset or args.preset})
 
     head = "file" if "file" in figures else {"gs": "gcs_emulator"}.get(backends[0], backends[0])
     for name in ("file", "gcs_emulator", "memory"):
@@ -523,7 +566,7 @@ def main(argv=None) -> dict:
                     "exchange_share": figures[head]["exchange_share"], "headline_store": head,
                     "exchange_share_target": TARGET_SHARE,
                     "exchange_share_met": figures[head]["exchange_share"] < TARGET_SHARE})
-    print(f"exchange share of a {args.preset} step ({step_s:.2f} s): "
+    print(f"exchange share at the {args.preset} sizes of a {args.step_preset or args.preset} step ({step_s:.2f} s): "
           + ", ".join(f"{n} {figures[n]['exchange_share']:.2%}" for n in ("file", "gcs_emulator", "memory")
                       if n in figures), flush=True)
     figures["load_avg_1m_end"] = os.getloadavg()[0]
