@@ -1,4 +1,5 @@
-"""The store benchmark at tiny sizes on file:// and the GCS emulator (no timing targets asserted).
+"""The store benchmark at tiny sizes on the GCS emulator, its step time from a run's metrics (no timing targets
+asserted; file:// at the local sizes is its quick mode, in test_quick_modes.py).
 
 It runs as a subprocess: the benchmark points the GCS settings of its process at its own emulator.
 """
@@ -21,26 +22,25 @@ def test_tiny_store_benchmark_emits_figures(tmp_path):
                                for i, s in enumerate([30.0, 20.0, 4.0, 2.0, 3.0])))
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    args = ["--sizes", "2,2,3", "--backends", "file,gs", "--payload-preset", "smoke", "--preset", "smoke",
-            "--steps", "2", "--warmup", "1", "--gs-steps", "2", "--share-steps", "1", "--metrics", str(metrics)]
+    args = ["--sizes", "2,2,3", "--backends", "gs", "--fifo-backends", "gs", "--payload-preset", "smoke",
+            "--preset", "smoke", "--gs-steps", "2", "--share-steps", "1", "--metrics", str(metrics)]
     proc = subprocess.run([sys.executable, "-m", "mgrpo_jax.bench.store", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     for key in ("records_per_s", "mb_per_s", "exchange_share"):
         assert figures[key] > 0, key
-    assert figures["exchange_share"] == figures["file"]["exchange_share"] and figures["headline_store"] == "file"
+    result = figures["gcs_emulator"]
+    assert figures["exchange_share"] == result["exchange_share"] and figures["headline_store"] == "gcs_emulator"
     assert figures["step_s"] == 3.0 and figures["step_s_samples"] == [4.0, 2.0, 3.0]
-    for name in ("file", "gcs_emulator"):
-        result = figures[name]
-        # 2 queries x 2 rollouts x 3 delegation rounds: 12 tasks, each posted, claimed, answered, read back.
-        assert result["sizes"]["tasks_per_step"] == 12
-        assert result["records_per_step"] >= 12 * 5
-        assert result["records_per_s"] == pytest.approx(result["records_per_step"] / result["step_exchange_s"])
-        assert 0 < result["mb_per_step"] < 10
-        assert result["record_bytes_task"] > 50 and result["record_bytes_answer"] > result["record_bytes_task"]
-        assert 0 < result["exchange_share"] < 10 and result["preset_exchange_s"] > 0
-        assert set(result["phases_s"]) >= {"tasks", "serve", "answers", "main_commit", "sub_read", "sub_commit",
-                                           "lag_wait", "gc"}
-    assert figures["file"]["fifo_measured"] and figures["file"]["mb_per_step_unsync"] > figures["file"]["mb_per_step"]
-    assert figures["gcs_emulator"]["deletes_per_step"] > 0  # gc of the previous step, key by key on GCS
+    # 2 queries x 2 rollouts x 3 delegation rounds: 12 tasks, each posted, claimed, answered, read back.
+    assert result["sizes"]["tasks_per_step"] == 12
+    assert result["records_per_step"] >= 12 * 5
+    assert result["records_per_s"] == pytest.approx(result["records_per_step"] / result["step_exchange_s"])
+    assert 0 < result["mb_per_step"] < 10
+    assert result["record_bytes_task"] > 50 and result["record_bytes_answer"] > result["record_bytes_task"]
+    assert 0 < result["exchange_share"] < 10 and result["preset_exchange_s"] > 0
+    assert set(result["phases_s"]) >= {"tasks", "serve", "answers", "main_commit", "sub_read", "sub_commit",
+                                       "lag_wait", "gc"}
+    assert result["fifo_measured"] and result["mb_per_step_unsync"] > result["mb_per_step"]
+    assert result["deletes_per_step"] > 0  # gc of the previous step, key by key on GCS

@@ -1,0 +1,110 @@
+"""Every benchmark's quick mode, as CI runs them: `python -m mgrpo_jax.bench.NAME --quick` in its own process.
+
+The benchmarks are discovered from the files in mgrpo_jax/bench/, so a new one without a quick mode (or without
+an entry in MAIN_KEYS saying what its JSON must hold) fails here. Each must end its stdout with one JSON object
+holding its main keys. No timing is asserted: the figures of tiny sizes mean nothing.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "mgrpo_jax" / "bench"
+HELPERS = {"__init__", "common"}  # modules of the package that are not benchmarks
+
+MAIN_KEYS = {
+    "env": ("worldgen_s_2000", "index_s", "search_ms", "visit_ms", "expert_success", "compact"),
+    "kernels": ("kernel_ms", "kernel_gb_per_s", "copy_gb_per_s", "bytes_moved_mb", "fraction_of_copy",
+                "reuse_freed_memory", "hlo_row_by_t_buffers", "targets_ms", "loss_grad_ms", "compile_ms"),
+    "lora": ("merge_s", "merged_sample_s", "merged_per_update_s", "unmerged_sample_s", "choice",
+             "same_tokens_frac"),
+    "model": ("decode_tokens_per_s", "hf_decode_tokens_per_s", "train_mfu", "peak_memory_gb",
+              "hf_train_tokens_per_s", "train_tokens_per_s", "prefill_tokens_per_s", "matmul_peak_gflops"),
+    "plan": ("small_decode_gib_per_chip_v5e4", "small_decode_fits_v5e4", "small_fits_v5e4"),
+    "rollout": ("episodes_per_s", "tokens_per_s", "step_s", "compute_share", "compile_s", "warmup_steps_run",
+                "generated_tokens_per_episode", "peak_memory_gb", "grpo_step_s", "grpo_sampling_s",
+                "grpo_update_s"),
+    "store": ("records_per_s", "mb_per_s", "exchange_share", "step_s", "headline_store", "file"),
+}
+NEEDS = {"model": ("torch", "transformers"), "plan": ("libtpu",)}  # CI installs requirements-tpu.txt for plan
+
+
+def check_kernels(figures, lines):
+    assert figures["shape"] == {"Q": 2, "K": 2, "D": 2, "T": 64, "main_rows": 4, "sub_rows": 8, "calls": 4}
+    # 3 token arrays per agent read + 1 gradient per agent written, f32: (3 + 1) * 4 B * (4 + 8) rows * 64.
+    assert figures["bytes_moved_mb"] * 1e6 == pytest.approx(4 * 4 * (4 + 8) * 64)
+    assert figures["loss"] == {"main": "grpo", "sub": "grpo"} and figures["kernel_gb_per_s"] > 0
+    assert figures["compile_ms"] == pytest.approx(figures["targets_compile_ms"] + figures["loss_grad_compile_ms"])
+
+
+def check_lora(figures, lines):
+    assert figures["choice"] in ("merged", "unmerged") and figures["rank"] == 2
+    assert figures["merged_per_update_s"] == figures["merge_s"] + figures["merged_sample_s"]
+    # Same policy either way: sampling with the same keys draws the same tokens (up to rounding ties).
+    assert figures["same_tokens_frac"] > 0.9
+
+
+def check_model(figures, lines):
+    for key in MAIN_KEYS["model"]:
+        assert figures[key] > 0, key
+    assert figures["decode_out_major"] is True and figures["decode_devices"] >= 1
+
+
+def check_plan(figures, lines):
+    assert any(line.startswith("v5e-4") and "decode" in line for line in lines)  # its table
+    assert figures["size"] == "small" and figures["small_fits_v5e4"] is True
+    assert figures["small_decode_gib_per_chip_v5e4"] > 0
+
+
+def check_rollout(figures, lines):
+    assert figures["preset"] == "smoke" and figures["rl_steps"] == 1
+    assert 1 <= figures["warmup_steps_run"] <= 2 and figures["warmstart_steps"] == 2
+    assert 0 < figures["compute_share"] <= 1 and figures["compile_s"] >= 0
+    phases = sum(figures[f"phase_{p}"] for p in ("sampling_s", "tools_s", "rewards_s", "training_s", "other_s"))
+    assert phases == pytest.approx(figures["step_s"], rel=1e-6)
+    assert figures["grpo_shape"]["rows"] == 4 and figures["grpo_shape"]["seq"] == 16
+
+
+def check_store(figures, lines):
+    assert figures["headline_store"] == "file" and figures["exchange_share"] > 0
+    assert figures["preset"] == "local" and figures["preset_sizes"] == [16, 8, 2]
+    result = figures["file"]
+    assert result["sizes"]["tasks_per_step"] == 4 * 2 * 2 and result["preset_exchange_s"] > 0
+    assert result["fifo_measured"] and result["mb_per_step_unsync"] > result["mb_per_step"]
+
+
+CHECKS = {"kernels": check_kernels, "lora": check_lora, "model": check_model, "plan": check_plan,
+          "rollout": check_rollout, "store": check_store}
+
+
+def bench_names() -> list[str]:
+    return sorted(path.stem for path in BENCH.glob("*.py") if path.stem not in HELPERS)
+
+
+def test_every_benchmark_says_what_its_quick_mode_prints():
+    assert set(bench_names()) == set(MAIN_KEYS), "add the new benchmark's main JSON keys to MAIN_KEYS"
+
+
+@pytest.mark.parametrize("name", bench_names())
+def test_quick_mode_prints_its_figures_as_the_last_line(name):
+    for module in NEEDS.get(name, ()):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"bench.{name} needs {module}")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", f"mgrpo_jax.bench.{name}", "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-4000:]
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict)
+    missing = [key for key in MAIN_KEYS.get(name, ()) if key not in figures]
+    assert not missing, f"bench.{name} --quick printed no {missing}"
+    CHECKS.get(name, lambda *_: None)(figures, lines)
