@@ -35,12 +35,7 @@ from mgrpo_jax.train.trainer import Trainer
 def _sub_episodes(trainer: Trainer, tasks: list[str], samples: int, seed: int, temperature: float):
     subs = [trainer.engine.start_sub(task, question_index=i, rollout=k, invocation=0)
             for i, task in enumerate(tasks) for k in range(samples)]
-    limits = trainer.engine.limits
-    trainer.engine.limits = type(limits)(**{**limits.__dict__, "temperature": temperature})
-    try:
-        trainer.engine.run_subs(subs, seed=seed)
-    finally:
-        trainer.engine.limits = limits
+    trainer.engine.run_subs(subs, seed=seed, temperature=temperature)
     return subs
 
 
@@ -59,7 +54,7 @@ def sub_alone(trainer: Trainer, tasks: list[str], steps: int, queries: int = 16,
         reward = reward.reshape(queries, samples)
         adv = np.asarray(group_advantages(reward, np.ones_like(reward)))
         rows = batches.top_batch([subs[i * samples:(i + 1) * samples] for i in range(queries)], adv,
-                                 agent.config.context_tokens, trainer.tokenizer.pad_id, temperature=1.0)
+                                 agent.config.context_tokens, trainer.tokenizer.pad_id)
         agent.train(rows)
     out["greedy_after"] = _success(trainer, _sub_episodes(trainer, tasks, 1, 0, 0.0))
     out["sampled_after"] = _success(trainer, _sub_episodes(trainer, tasks, 4, 1, 1.0))

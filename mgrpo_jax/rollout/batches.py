@@ -4,9 +4,11 @@ Main (or single) agent: exactly Q*K rows. Sub-agent: exactly Q*K*D rows, aligned
 `mgrpo_jax.core.align` (duplicates / drops / masked d_k = 0 rollouts), with an index map back to
 (query, rollout, invocation). Every row is right-padded to the agent's `seq_len`.
 
-Every policy batch carries a `temperature` column [rows] float32: the sampling temperature the row's
-behaviour log-probs were recorded at (the rollout engine samples every row at `config.rollout.temperature`),
-so the train step recomputes its log-probs under the same distribution (mgrpo_jax/train/step.py).
+Every policy batch carries its rows' sampling settings, taken from their episodes (`Episode.temperature`,
+`top_k`, `top_p`: what the rollout engine drew them with, whatever the config says): a `temperature` column
+[rows] float32, which the train step reads to recompute the behaviour log-probs under the same distribution
+(mgrpo_jax/train/step.py), and `top_k` / `top_p` columns, which the learner checks against its step's (static)
+filters before training.
 """
 
 from __future__ import annotations
@@ -55,16 +57,21 @@ def _length(real: np.ndarray) -> int:
     return int(real.sum())
 
 
-def _temperature(temperature, rows: int) -> np.ndarray:
-    """The `temperature` column: one value for every row, or one per row (anything of `rows` elements)."""
-    t = np.asarray(temperature, np.float32)
-    return np.full((rows,), float(t), np.float32) if t.ndim == 0 else t.reshape(rows).copy()
+SAMPLING_COLUMNS = ("temperature", "top_k", "top_p")
 
 
-def top_batch(top: Sequence[Sequence[Episode]], advantages, seq_len: int, pad_id: int = 0,
-              temperature=1.0) -> dict[str, np.ndarray]:
-    """[Q*K, seq_len] rows of the top-level episodes, with their [Q*K] advantages, unit weights and the
-    sampling `temperature` (a scalar, or [Q, K] / [Q*K])."""
+def _sampling(episodes: Sequence[Episode | None]) -> dict[str, np.ndarray]:
+    """Each row's sampling settings, from its episode (a padding row, None, gets temperature 1 and no filters)."""
+    defaults = Episode("", 0, 0)
+    rows = [e if e is not None else defaults for e in episodes]
+    return {"temperature": np.asarray([e.temperature for e in rows], np.float32),
+            "top_k": np.asarray([e.top_k for e in rows], np.int32),
+            "top_p": np.asarray([e.top_p for e in rows], np.float32)}
+
+
+def top_batch(top: Sequence[Sequence[Episode]], advantages, seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """[Q*K, seq_len] rows of the top-level episodes, with their [Q*K] advantages, unit weights and each row's
+    sampling settings (`temperature`, `top_k`, `top_p`: what its episode was drawn with)."""
     rows = [e for row in top for e in row]
     out = {name: np.full((len(rows), seq_len), value, np.float32 if name != "tokens" else np.int32)
            for name, value in PAD_VALUES.items()}
@@ -76,20 +83,20 @@ def top_batch(top: Sequence[Sequence[Episode]], advantages, seq_len: int, pad_id
     out["_real"] = real
     out["advantages"] = np.asarray(advantages, np.float32).reshape(len(rows))
     out["weights"] = np.ones((len(rows),), np.float32)
-    out["temperature"] = _temperature(temperature, len(rows))
+    out.update(_sampling(rows))
     return _finish(out, pad_id)
 
 
 def sub_batch(top: Sequence[Sequence[Episode]], index, weight, advantages, seq_len: int,
-              pad_id: int = 0, temperature=1.0) -> dict[str, np.ndarray]:
-    """[Q*K*D, seq_len] aligned sub-agent rows; `index`/`weight`/`advantages` are [Q, K, D]; `temperature`
-    is the sub-agent's sampling temperature (a scalar, or [Q, K, D] per slot)."""
+              pad_id: int = 0) -> dict[str, np.ndarray]:
+    """[Q*K*D, seq_len] aligned sub-agent rows; `index`/`weight`/`advantages` are [Q, K, D]; each row's sampling
+    settings come from the sub-episode its slot holds."""
     calls = [[[dict(_clipped(sub, seq_len), _real=np.ones(len(sub.tokens[:seq_len]), bool)) for sub in e.subs]
               for e in row] for row in top]
     out = gather_aligned(calls, index, weight, seq_len, pad_values={**PAD_VALUES, "_real": False})
     out["advantages"] = np.asarray(advantages, np.float32).reshape(-1) * (out["weight"] > 0)
     out["weights"] = out.pop("weight")
-    out["temperature"] = _temperature(temperature, len(out["weights"]))
+    out.update(_sampling([top[q][k].subs[i] if i >= 0 else None for q, k, i in out["source"]]))
     return _finish(out, pad_id)
 
 
@@ -112,7 +119,8 @@ def sft_rows(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], seq_len: 
 
 def record_rows(payloads: Sequence[dict], advantages, seq_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Policy rows from stored trajectories (the unsynchronised sub-agent's FIFO records): each payload has
-    `tokens`, `loss_mask`, `old_logprobs` and `temperature` (1 when absent); `advantages` is one per payload.
+    `tokens`, `loss_mask`, `old_logprobs` and the sampling settings (`temperature`, `top_k`, `top_p`; temperature
+    1 without filters when absent); `advantages` is one per payload.
     Over-long trajectories are truncated to `seq_len`."""
     rows = sft_rows([(p["tokens"], p["loss_mask"]) for p in payloads], seq_len, pad_id)
     rows["old_logprobs"] = np.zeros_like(rows["loss_mask"])
@@ -120,5 +128,7 @@ def record_rows(payloads: Sequence[dict], advantages, seq_len: int, pad_id: int 
         n = min(len(p["old_logprobs"]), seq_len)
         rows["old_logprobs"][i, :n] = p["old_logprobs"][:n]
     rows["advantages"] = np.asarray(advantages, np.float32).reshape(len(payloads))
-    rows["temperature"] = np.asarray([p.get("temperature", 1.0) for p in payloads], np.float32)
+    rows.update({"temperature": np.asarray([p.get("temperature", 1.0) for p in payloads], np.float32),
+                 "top_k": np.asarray([p.get("top_k", 0) for p in payloads], np.int32),
+                 "top_p": np.asarray([p.get("top_p", 1.0) for p in payloads], np.float32)})
     return rows

@@ -166,12 +166,15 @@ class RolloutEngine:
                            call={"task": task, "context": context},
                            task=task if not context.strip() else f"{task}\n{context}", **fields)
 
-    def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None) -> dict:
-        """Runs sub-agent episodes to the end in lock-step batches (the sub-agent job's side); returns timings."""
+    def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None,
+                 temperature: float | None = None) -> dict:
+        """Runs sub-agent episodes to the end in lock-step batches (the sub-agent job's side); returns timings.
+        `temperature` overrides the limits' for this call, as in `run`."""
         timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
+        temperature = self.limits.temperature if temperature is None else float(temperature)
         live, iteration = list(subs), 0
         while live:
-            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings, self.limits.temperature)
+            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings, temperature)
             live = [s for s in live if not s.done]
             iteration += 1
         return timings
@@ -201,7 +204,9 @@ class RolloutEngine:
 
         start = time.perf_counter()
         spawned = []
+        top_k, top_p = int(getattr(agent.sampler, "top_k", 0)), float(getattr(agent.sampler, "top_p", 1.0))
         for row, episode in enumerate(active):
+            episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
             n = int(out.lengths[row])
             ids = out.tokens[row, :n]
             episode.extend(assistant_prefix)

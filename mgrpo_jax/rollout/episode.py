@@ -45,6 +45,11 @@ class Episode:
     subs: list[Episode] = field(default_factory=list)  # main episodes: delegations in call order
     waiting_on: Episode | None = None  # main episodes: the delegation being served
     tool_session: dict = field(default_factory=dict, repr=False)  # the episode's tools' scratch space
+    # The distribution its sampled ids were drawn from (set by the rollout engine at each turn): the train step
+    # recomputes their log-probs under the same temperature and filters, so these travel with the episode.
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
 
     @property
     def done(self) -> bool:
@@ -66,7 +71,8 @@ class Episode:
         return {"agent": self.agent, "q": self.question_index, "r": self.rollout, "i": self.invocation,
                 "task": self.task, "call": self.call, "tokens": self.tokens, "loss_mask": self.loss_mask,
                 "logprobs": self.logprobs, "turns": self.turns, "tool_calls": dict(self.tool_calls),
-                "answer": self.answer, "end_reason": self.end_reason, "format_error": self.format_error}
+                "answer": self.answer, "end_reason": self.end_reason, "format_error": self.format_error,
+                "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     @classmethod
     def from_json(cls, entry: dict) -> Episode:
@@ -74,7 +80,9 @@ class Episode:
                    invocation=entry["i"], task=entry["task"], call=entry["call"], tokens=entry["tokens"],
                    loss_mask=entry["loss_mask"], logprobs=entry["logprobs"], turns=entry["turns"],
                    tool_calls=collections.Counter(entry["tool_calls"]), answer=entry["answer"],
-                   end_reason=entry["end_reason"], format_error=entry["format_error"])
+                   end_reason=entry["end_reason"], format_error=entry["format_error"],
+                   temperature=float(entry.get("temperature", 1.0)), top_k=int(entry.get("top_k", 0)),
+                   top_p=float(entry.get("top_p", 1.0)))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The episode as 1-D arrays: tokens, loss_mask, old_logprobs."""

@@ -1,5 +1,6 @@
 """Decoupled mode: the main and the sub agent as two jobs sharing nothing but the store. Both run the same loop as
-a colocated run (mgrpo_jax/train/trainer.py) over a store exchange instead of the in-process one.
+a colocated run (`Trainer(config, workdir, role="main" | "sub")`, mgrpo_jax/train/trainer.py), each holding one
+side (mgrpo_jax/train/sides.py), over a store exchange instead of the in-process one.
 
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=main --workdir=runs/x --config.store=URL
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=sub  --workdir=runs/x --config.store=URL
@@ -11,16 +12,16 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
 
   main  runs the controller and M. Each engine iteration's delegations are posted as task records
         (step s, query, rollout, invocation, M's policy version; payload: task, context, question id) and the
-        main waits for their answers before its next turn (`MainRole._delegate`, the engine's `sub_executor`).
+        main waits for their answers before its next turn (`MainExchange.delegate`, the engine's `sub_executor`).
   sub   claims the pending tasks of step s, runs them with its own sampler and tools in lock-step batches,
         appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the bucket with a gs://
         workdir), then answers.
-  main  judges its rollouts, commits `main_format_ok`, `main_correct`, `main_reward`, `sub_counts` for step s,
-        trains M.
+  main  judges its rollouts, computes the step's targets and commits `main_format_ok`, `main_correct`,
+        `main_reward` (the targets'), `sub_counts` for step s, trains M.
   sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
         its cache, judges its calls (the expert judge looks the question up by id), and from there runs the
-        same step as the colocated run (`Trainer.rl_step`: `mgrpo_targets`, then the `mgrpo` / `mgrpo_unsync`
-        update); then commits its own step record.
+        same step as the colocated run (`Trainer.rl_step`: `mgrpo_targets`, then the sub side's `mgrpo` /
+        `mgrpo_unsync` update); then commits its own step record.
   The main starts step s + 1 only once the sub has committed step s + 1 - max_lag, so the store's garbage
   collection (the main keeps the last `decoupled.keep_steps` steps, at least max_lag + 1) never removes data the
   sub has not read. Every wait gives up after `decoupled.timeout_s` with an error naming what is missing.
@@ -39,23 +40,20 @@ import base64
 import hashlib
 import json
 import logging
-import os
 import time
 
 import numpy as np
 
-from mgrpo_jax.config import validate
-from mgrpo_jax.core import RolloutArrays, main_reward
+from mgrpo_jax.core import RolloutArrays
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
 from mgrpo_jax.rollout.rewards import rollout_arrays
-from mgrpo_jax.store import Record, StoreError, StoreTimeout, open_store
+from mgrpo_jax.store import Record, StoreError, StoreTimeout
 from mgrpo_jax.store.records import seal, unseal
 from mgrpo_jax.store.retry import poll_until
 from mgrpo_jax.train import files, system
 from mgrpo_jax.train.exchange import Exchange, SubStep
 from mgrpo_jax.train.seeds import derive_seed
-from mgrpo_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +74,49 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class MainExchange(Exchange):
-    """The main job's side: delegations become task records, the step's judge arrays a committed step record."""
+def main_tokenizer(store, workdir: str, config) -> dict:
+    """The sub job's start: waits for the main job's tokenizer; unless a path is configured, saves it where
+    `system.build_tokenizer` looks."""
+    timeout_s = float(config.decoupled.timeout_s)
+    published = poll_until(lambda: _get(store, TOKENIZER_KEY), timeout_s, store.poll)
+    if published is None:
+        raise StoreTimeout(f"timed out after {timeout_s:g}s waiting for the main job's tokenizer: missing "
+                           f"{store.url}{TOKENIZER_KEY} (is the --role=main job running on this store?)",
+                           url=store.url, missing=(TOKENIZER_KEY,))
+    path = files.as_path(workdir) / "tokenizer.model"
+    if not config.tokenizer.path and not path.exists():
+        files.write_atomic(path, base64.b64decode(published["model"]))
+    return published
 
-    def __init__(self, run: Trainer):
-        self.run, self.store, cfg = run, run.store, run.config.decoupled
+
+def check_tokenizer(tokenizer, published: dict, config, workdir: str) -> None:
+    if _sha(tokenizer.serialize()) != published["model_sha256"]:
+        raise ValueError(f"the sub job's tokenizer ({config.tokenizer.path or workdir}) differs from the main "
+                         f"job's ({config.store}{TOKENIZER_KEY}): the two agents would not share token ids")
+
+
+class MainExchange(Exchange):
+    """The main job's side: delegations become task records, the step's judge arrays and targets a committed
+    step record. `policy_version()`: the main agent's, which each task carries."""
+
+    def __init__(self, store, config, tokenizer, workdir: str, *, resuming: bool, policy_version):
+        self.store, self.policy_version, self.step, cfg = store, policy_version, 0, config.decoupled
         self.timeout_s, self.max_lag, self.keep_steps = float(cfg.timeout_s), int(cfg.max_lag), int(cfg.keep_steps)
-        if run.checkpointer.latest_step() is None and (self.store.steps() or self.store.kv.list_prefix("fifo/")):
+        if not resuming and (store.steps() or store.kv.list_prefix("fifo/")):
             # Tasks are posted create-if-absent: another run's answers would be taken for this run's.
-            raise ValueError(f"the store {self.store.url} holds another run's steps {self.store.steps()[:5]} but "
-                             f"{run.workdir} has no checkpoint to resume: use a fresh store URL or empty it")
-        self.store.kv.delete(DONE_KEY)  # a previous run's end marker must not stop this run's sub job
-        proto = run.tokenizer.serialize()
-        _put(self.store, TOKENIZER_KEY, {"model": base64.b64encode(proto).decode(), "model_sha256": _sha(proto)})
+            raise ValueError(f"the store {store.url} holds another run's steps {store.steps()[:5]} but "
+                             f"{workdir} has no checkpoint to resume: use a fresh store URL or empty it")
+        store.kv.delete(DONE_KEY)  # a previous run's end marker must not stop this run's sub job
+        proto = tokenizer.serialize()
+        _put(store, TOKENIZER_KEY, {"model": base64.b64encode(proto).decode(), "model_sha256": _sha(proto)})
 
     def delegate(self, spawned: list[Episode], questions) -> list[Episode]:
         """The engine's sub executor: post this iteration's delegations, wait for every answer."""
-        version = int(self.run.agents[MAIN].state.step)
-        tasks = [Record("task", self.run.step, e.question_index, e.rollout, e.invocation, version,
+        version = self.policy_version()
+        tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, version,
                         {**e.call, "question_id": questions[e.question_index].id}) for e in spawned]
         ids = self.store.tasks.post(tasks)
-        answers = self.store.tasks.wait_answers(self.run.step, ids, timeout_s=self.timeout_s)
+        answers = self.store.tasks.wait_answers(self.step, ids, timeout_s=self.timeout_s)
         for episode, rid in zip(spawned, ids, strict=True):
             reply = answers[rid].payload
             episode.answer = reply["answer"]
@@ -106,17 +126,16 @@ class MainExchange(Exchange):
         return spawned
 
     def before_step(self, step):
-        start = time.perf_counter()
+        self.step, start = step, time.perf_counter()
         if step >= self.max_lag:
             self.store.wait_step(step - self.max_lag, SUB, timeout_s=self.timeout_s)
         return {"time/wait_sub_s": time.perf_counter() - start}
 
-    def publish(self, step, rollout, arrays):
-        writer = self.store.step_writer(step, MAIN, int(self.run.agents[MAIN].state.step))
+    def publish(self, step, arrays, targets):
+        writer = self.store.step_writer(step, MAIN, self.policy_version())
         writer.put_array("main_format_ok", np.asarray(arrays.format_ok))
         writer.put_array("main_correct", np.asarray(arrays.correct))
-        writer.put_array("main_reward", np.asarray(main_reward(arrays.format_ok, arrays.correct,
-                                                               self.run.targets_config.alpha)))
+        writer.put_array("main_reward", np.asarray(targets.main_reward))
         writer.put_array("sub_counts", np.asarray(arrays.counts))
         writer.commit()
 
@@ -131,26 +150,13 @@ class SubExchange(Exchange):
     """The sub job's side: serves the main job's delegations with its own sampler and tools, caching each
     trajectory in its workdir, until the main job commits the step; then hands the cached step to the run loop."""
 
-    def __init__(self, run: Trainer):
-        self.run, self.store = run, run.store
-        self.timeout_s = float(run.config.decoupled.timeout_s)
-        self.worker = run.config.decoupled.worker
-        self.cache_dir = files.as_path(run.workdir) / "cache"  # in the bucket with a gs:// workdir
+    def __init__(self, store, config, workdir: str, env, engine):
+        self.store, self.config, self.env, self.engine = store, config, env, engine
+        self.timeout_s = float(config.decoupled.timeout_s)
+        self.worker = config.decoupled.worker
+        self.cache_dir = files.as_path(workdir) / "cache"  # in the bucket with a gs:// workdir
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.question_by_id = {q.id: q for _, split in run.env.questions.items() for q in split}
-
-    @staticmethod
-    def main_tokenizer(store, workdir: str, config, timeout_s: float) -> dict:
-        """Waits for the main job's tokenizer; unless a path is configured, saves it where build_tokenizer looks."""
-        published = poll_until(lambda: _get(store, TOKENIZER_KEY), timeout_s, store.poll)
-        if published is None:
-            raise StoreTimeout(f"timed out after {timeout_s:g}s waiting for the main job's tokenizer: missing "
-                               f"{store.url}{TOKENIZER_KEY} (is the --role=main job running on this store?)",
-                               url=store.url, missing=(TOKENIZER_KEY,))
-        path = files.as_path(workdir) / "tokenizer.model"
-        if not config.tokenizer.path and not path.exists():
-            files.write_atomic(path, base64.b64decode(published["model"]))
-        return published
+        self.question_by_id = {q.id: q for _, split in env.questions.items() for q in split}
 
     # -- the local trajectory cache ----------------------------------------------------------------------
 
@@ -186,11 +192,11 @@ class SubExchange(Exchange):
 
     def _serve(self, step: int, tasks: list[Record], cache: dict, version: int, timings: dict) -> int:
         """Runs the claimed tasks' sub-agent episodes (those not already cached), caches them, answers all."""
-        engine = self.run.engine
+        engine = self.engine
         fresh = [t for t in tasks if (t.query, t.rollout, t.invocation) not in cache]
         episodes = [engine.start_sub(t.payload["task"], t.payload["context"], question_index=t.query,
                                      rollout=t.rollout, invocation=t.invocation) for t in fresh]
-        engine.run_subs(episodes, derive_seed(self.run.config.seed, "serve", step, len(cache)), timings)
+        engine.run_subs(episodes, derive_seed(self.config.seed, "serve", step, len(cache)), timings)
         served = [(e, version, t.payload["question_id"]) for e, t in zip(episodes, fresh, strict=True)]
         self._append_cache(step, served)  # before answering: an answered task always has its trajectory here
         for entry in served:
@@ -215,7 +221,7 @@ class SubExchange(Exchange):
             return "done", None
         return None
 
-    def receive(self, step, version):
+    def hand_off(self, step, collected, version):
         start = time.perf_counter()
         timings = {"sampling_s": 0.0, "tools_s": 0.0}
         cache = self._load_cache(step)
@@ -236,10 +242,9 @@ class SubExchange(Exchange):
             served += self._serve(step, value, cache, version, timings)
         counts = view.array("sub_counts")
         rollout, keys = self._cached_rollout(step, counts, cache)
-        run = self.run
-        judge = system.reward_judge(run.config, run.env)
-        own = rollout_arrays(rollout, judge, (), run.engine.sub.tool_names, run.engine.grammar,
-                             calls=run.config.rollout.max_sub_calls)
+        judge = system.reward_judge(self.config, self.env)
+        own = rollout_arrays(rollout, judge, (), self.engine.sub.tool_names, self.engine.grammar,
+                             calls=self.config.rollout.max_sub_calls)
         correct = view.array("main_correct")
         # The sub-agent's targets never read the main agent's format gate (a main job from before it was published
         # leaves it out); it is carried for completeness.
@@ -275,35 +280,3 @@ class SubExchange(Exchange):
 
     def commit(self, step, version, served):
         self.store.step_writer(step, SUB, version).commit({"served": served})
-
-
-class MainRole(Trainer):
-    """The main job: controller + main agent; delegations go to the sub job through the store."""
-
-    agent_subset = (MAIN,)
-
-    def __init__(self, config, workdir: str):
-        validate(config, role="main")
-        super().__init__(config, os.path.join(workdir, MAIN))
-
-    def make_exchange(self) -> Exchange:
-        return MainExchange(self)
-
-
-class SubRole(Trainer):
-    """The sub job: serves the main job's delegations with its own sampler and tools, then trains on them."""
-
-    agent_subset = (SUB,)
-
-    def __init__(self, config, workdir: str):
-        validate(config, role="sub")
-        workdir = os.path.join(workdir, SUB)
-        timeout_s = float(config.decoupled.timeout_s)
-        self.published = SubExchange.main_tokenizer(open_store(config.store), workdir, config, timeout_s)
-        super().__init__(config, workdir)
-        if _sha(self.tokenizer.serialize()) != self.published["model_sha256"]:
-            raise ValueError(f"the sub job's tokenizer ({config.tokenizer.path or workdir}) differs from the main "
-                             f"job's ({config.store}{TOKENIZER_KEY}): the two agents would not share token ids")
-
-    def make_exchange(self) -> Exchange:
-        return SubExchange(self)

@@ -1,52 +1,66 @@
 """What passes between the main side and the sub side of one RL step, and how.
 
-The run loop (`mgrpo_jax/train/trainer.py`) is the same for every mode; an exchange decides where the two sides
-live. Per step s:
+The run loop (`Trainer.rl_step`, mgrpo_jax/train/trainer.py) is the same for every mode and job; an exchange
+decides where the two sides live. Per step s:
 
-    main side:  exchange.before_step(s)             # may wait for the sub side to catch up
-                rollout (delegations: the local sub sampler, or `exchange.delegate`)
-                exchange.publish(s, rollout, arrays)
-    sub side:   exchange.receive(s, version)         # -> SubStep: the step's sub-trajectories and judge arrays
-                ... targets, update ...
-                exchange.commit(s, version, served)
-    both:       exchange.end_step(s); after each checkpoint `after_save`; at the end `finish`.
+    exchange.before_step(s)                        # the main job may wait here for the sub job to catch up
+    main side collects a MainStep                  # rollouts (delegations: the local sub sampler, or
+                                                   #   `exchange.delegate`) and the judges' arrays
+    exchange.hand_off(s, main_step, sub_version)   # -> SubStep: the step's data for the targets and the sub side
+    mgrpo_targets(sub_step.arrays)
+    exchange.publish(s, arrays, targets)           # the main job's step record, for the sub job
+    ... each side builds its rows and updates ...
+    exchange.commit(s, sub_version, served); exchange.end_step(s)
+    after each checkpoint `after_save`; at the end `finish`.
 
-`InProcessExchange` (colocated: both sides in this process) passes the rollout by reference. The store
-exchanges of the decoupled mode (`mgrpo_jax/train/decoupled.py`) carry the same data through the shared store.
+The base exchange (`InProcessExchange`) hands the main side's rollout to the sub side by reference: both sides
+in this process, or the main job, whose targets read its own arrays. The store exchanges of the decoupled mode
+(`mgrpo_jax/train/decoupled.py`) carry the data through the shared store. An exchange holds the store and the
+step counters it needs, never the trainer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from mgrpo_jax.core.mgrpo import RolloutArrays
+from mgrpo_jax.core.mgrpo import RolloutArrays, Targets
 from mgrpo_jax.rollout.episode import RolloutBatch
 
 
 @dataclasses.dataclass
+class MainStep:
+    """What the main side collected in one step."""
+
+    rollout: RolloutBatch  # Q questions x K whole-system rollouts
+    arrays: RolloutArrays  # what the judges said of them
+    metrics: dict  # the rollout's and the judges' figures, with `time/*`
+
+
+@dataclasses.dataclass
 class SubStep:
-    """What the sub side of one step trains on."""
+    """The data of one step as the targets and the sub side see it."""
 
     rollout: RolloutBatch  # the step's sub-trajectories, in the [Q][K][d_k] layout of its rollouts
     arrays: RolloutArrays  # the judge arrays, with the main agent's own `format_ok` / `correct`
     versions: int | dict  # the sub policy version that sampled each (query, rollout, invocation), or one for all
-    metrics: dict = dataclasses.field(default_factory=dict)  # the exchange's own (`time/serve_s`, `sub/served`...)
+    metrics: dict = dataclasses.field(default_factory=dict)  # the step's figures so far (`time/*`, `sub/served`...)
 
 
 class Exchange:
-    """The interface, with the no-op defaults of a side that needs nothing at that point."""
+    """The interface, with the defaults of an exchange inside one process."""
 
     delegate = None  # the engine's sub executor on the main side (None: the engine's own sub-agent)
 
     def before_step(self, step: int) -> dict:
         return {}
 
-    def publish(self, step: int, rollout: RolloutBatch, arrays: RolloutArrays) -> None:
-        raise NotImplementedError
+    def hand_off(self, step: int, collected: MainStep | None, version: int) -> SubStep | None:
+        """The step's data, from the main side's `collected` (None in the sub job: it arrives through the store);
+        None when the main job finished without this step."""
+        return SubStep(collected.rollout, collected.arrays, version, dict(collected.metrics))
 
-    def receive(self, step: int, version: int) -> SubStep | None:
-        """The sub side's data of `step`; None when the main side finished without it."""
-        raise NotImplementedError
+    def publish(self, step: int, arrays: RolloutArrays, targets: Targets) -> None:
+        pass
 
     def commit(self, step: int, version: int, served: int) -> None:
         pass
@@ -63,13 +77,3 @@ class Exchange:
 
 class InProcessExchange(Exchange):
     """Both sides in this process: the main side's rollout is the sub side's data."""
-
-    def __init__(self):
-        self._published: dict[int, tuple[RolloutBatch, RolloutArrays]] = {}
-
-    def publish(self, step, rollout, arrays):
-        self._published[step] = (rollout, arrays)
-
-    def receive(self, step, version):
-        rollout, arrays = self._published.pop(step)
-        return SubStep(rollout, arrays, version)

@@ -158,16 +158,9 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
     check(config, workdir, role)  # bad inputs fail here, before anything is built
     check_meshes(config, role)
     enable_compilation_cache(workdir)
-    if role == "colocated":
-        from mgrpo_jax.train.trainer import Trainer
+    from mgrpo_jax.train.trainer import Trainer
 
-        trainer = Trainer(config, workdir)
-    elif role in ("main", "sub"):
-        from mgrpo_jax.train.decoupled import MainRole, SubRole
-
-        trainer = (MainRole if role == "main" else SubRole)(config, workdir)
-    else:
-        raise ValueError(f"unknown role {role!r}: expected colocated, main or sub")
+    trainer = Trainer(config, workdir, role)  # an unknown role is a ValueError naming the three
     from mgrpo_jax.train import export  # each agent as an HF checkpoint: recorded now, exported when finished
 
     export.record_agents(trainer.workdir, trainer.agents)

@@ -1,14 +1,17 @@
 """One agent as it learns: its model, mesh, train state and sampler, and its jitted train steps.
 
     learner.train(batch)            # `passes` policy updates on a fixed-size batch, then new weights to the sampler
-    step = learner.sft_step(cfg)    # the warm start's supervised step under its own optimizer
+    learner.start_sft(cfg)          # the warm start: a fresh optimizer `cfg` and its jitted supervised step,
+    learner.sft_update(batch)       #   one update per call,
+    learner.reset_optimizer(optim)  #   then the RL optimizer
 
 Every train step donates the state, so the sampler is re-pointed at the new parameters after each update
-(`publish`). With `loss_hparams.kl_coef > 0` the learner holds a frozen reference policy: a copy of the parameters
-RL starts from (taken at construction and again at every optimizer reset, so after a warm start it is the
-warm-started policy), sharded like them, never updated, checkpointed beside the state; each RL batch gets its
-log-probs (`ref_logprobs`, at the batch's sampling temperatures) for the loss's KL term. With `kl_coef == 0` none
-of this exists. The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
+(`publish`). The steps are built with the state (and again when the optimizer is reset), so `policy_step` is a plain
+attribute that a benchmark may wrap. With `loss_hparams.kl_coef > 0` the learner holds a frozen reference policy: a
+copy of the parameters RL starts from (taken at construction and again at every optimizer reset, so after a warm
+start it is the warm-started policy), sharded like them, never updated, checkpointed beside the state; each RL batch
+gets its log-probs (`ref_logprobs`, at the batch's sampling temperatures) for the loss's KL term. With `kl_coef ==
+0` none of this exists. The policy step is jitted once per batch shape; its log-probs use the top-k / top-p of this
 agent's sampler (the filters its behaviour log-probs were recorded under; temperatures come per row).
 
 A LoRA agent (`agent.lora.rank > 0`, `mgrpo_jax.model.lora`) trains its adapters only: `state` holds the adapters
@@ -29,17 +32,18 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from mgrpo_jax.core.losses import loss_defaults
+from mgrpo_jax.core.losses import resolve_loss_hparams
 from mgrpo_jax.sampling import Sampler
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import create_agent_state_from_params, merged_params, reset_lora_optimizer
-from mgrpo_jax.train.step import make_logprob_fn, make_policy_step, make_sft_step, set_hparams
-
-# `temperature`: each row's sampling temperature, so the step's log-probs are those of the behaviour
-# distribution (mgrpo_jax/train/step.py); every policy batch carries it.
-TRAIN_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights",
-              "temperature")
-SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
+from mgrpo_jax.train.step import (
+    POLICY_KEYS,
+    SFT_KEYS,
+    combine_metrics,
+    make_logprob_fn,
+    make_policy_step,
+    make_sft_step,
+)
 
 
 @dataclasses.dataclass
@@ -58,20 +62,27 @@ class Learner:
     tokenizer: object = None  # its ChatTokenizer: the run's, or its `init_from` checkpoint's own
     base: object = None  # a LoRA agent's frozen base weights (a plain Transformer's state); None without LoRA
     lora: object = None  # its LoraSpec (mgrpo_jax.model.lora); None without LoRA
-    _policy_step: object = dataclasses.field(default=None, repr=False)
-    _reference_logprobs: object = dataclasses.field(default=None, repr=False)
+    policy_step: object = dataclasses.field(default=None, init=False, repr=False)  # the jitted RL step
+    sft_step: object = dataclasses.field(default=None, init=False, repr=False)  # the warm start's (start_sft)
+    _reference_logprobs: object = dataclasses.field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.freeze_reference()
+        self._build_steps()
+
+    @property
+    def version(self) -> int:
+        """The policy's version: how many updates its state has taken."""
+        return int(self.state.step)
 
     @property
     def loss_hparams(self) -> dict:
         """The hyper-parameters the policy step's loss runs with: its own defaults under the ones the config sets."""
-        return {**loss_defaults(self.config.loss), **set_hparams(self.config.loss_hparams.to_dict())}
+        return resolve_loss_hparams(self.config.loss, self.config.loss_hparams.to_dict())
 
     @property
     def kl_coef(self) -> float:
-        return float(self.config.loss_hparams.get("kl_coef") or 0.0)
+        return float(self.loss_hparams.get("kl_coef") or 0.0)  # a loss without a KL term has none
 
     def freeze_reference(self) -> None:
         """The current parameters become the KL reference (a copy on the same shardings); no-op for kl_coef 0
@@ -121,79 +132,84 @@ class Learner:
         else:
             self.graphdef, self.state, self.sharding = create_agent_state_from_params(
                 self.model_config, self.state.params, optim_cfg, self.mesh, self.rules)
-        self._policy_step = self._reference_logprobs = None  # built for the old state layout
         self.freeze_reference()
+        self._build_steps()  # for the new state layout
         self.publish()
 
-    def sft_step(self, optim_cfg):
-        """A jitted supervised step for the current state, whose optimizer must be `optim_cfg`'s."""
-        return make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh,
-                             router_aux_loss_coef=self.config.get("router_aux_loss_coef"), frozen=self.base)
+    def _build_steps(self) -> None:
+        """The jitted policy step (and the KL reference's log-probs) for the current state; nothing compiles here."""
+        cfg = self.config
+        self.policy_step = make_policy_step(
+            self.graphdef, make_optimizer(cfg.optim), cfg.loss, cfg.loss_hparams.to_dict(), self.sharding,
+            self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p,
+            router_aux_loss_coef=cfg.get("router_aux_loss_coef"), frozen=self.base)
+        self._reference_logprobs = None
+        if self.kl_coef > 0:
+            graphdef, sharding = ((self.graphdef, self.sharding) if self.lora is None else  # the base: a plain model
+                                  (self.sampler.graphdef, jax.tree.map(lambda x: x.sharding, self.base)))
+            self._reference_logprobs = make_logprob_fn(
+                graphdef, sharding, self.mesh,
+                micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
 
-    @property
-    def policy_step(self):
-        """The jitted policy step (built on first use, kept until the optimizer is reset)."""
-        if self._policy_step is None:
-            cfg = self.config
-            self._policy_step = make_policy_step(
-                self.graphdef, make_optimizer(cfg.optim), cfg.loss, cfg.loss_hparams.to_dict(), self.sharding,
-                self.mesh, micro_batches=cfg.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p,
-                router_aux_loss_coef=cfg.get("router_aux_loss_coef"), frozen=self.base)
-        return self._policy_step
+    # -- the warm start ---------------------------------------------------------------------------------
 
-    @policy_step.setter
-    def policy_step(self, step) -> None:  # e.g. a timing wrapper (mgrpo_jax/bench/rollout.py)
-        self._policy_step = step
+    def start_sft(self, optim_cfg) -> None:
+        """A fresh optimizer `optim_cfg` and the jitted supervised step for it (the warm start)."""
+        self.reset_optimizer(optim_cfg)
+        self.sft_step = make_sft_step(self.graphdef, make_optimizer(optim_cfg), self.sharding, self.mesh,
+                                      router_aux_loss_coef=self.config.get("router_aux_loss_coef"), frozen=self.base)
+
+    def sft_update(self, batch: dict) -> dict:
+        """One supervised update on `batch` (`SFT_KEYS`); the sampler is not re-pointed (`publish` does that)."""
+        self.state, metrics = self.sft_step(self.state, {k: batch[k] for k in SFT_KEYS})
+        return metrics
+
+    def restore_state(self, state) -> None:
+        """A state restored from a checkpoint of the same layout; the sampler gets its weights."""
+        self.state = state
+        self.publish()
+
+    # -- RL ---------------------------------------------------------------------------------------------
 
     def reference_logprobs(self, batch: dict) -> jax.Array:
         """[B, T] teacher-forced log-probs of the frozen reference on `batch`, under the batch's sampling
         temperatures and this agent's sampler filters (as the policy step computes the policy's)."""
-        params = self.reference_params
-        if self._reference_logprobs is None:
-            graphdef, sharding = ((self.graphdef, self.sharding) if self.lora is None else  # the base: a plain model
-                                  (self.sampler.graphdef, jax.tree.map(lambda x: x.sharding, params)))
-            self._reference_logprobs = make_logprob_fn(
-                graphdef, sharding, self.mesh,
-                micro_batches=self.config.micro_batches, top_k=self.sampler.top_k, top_p=self.sampler.top_p)
-        return self._reference_logprobs(params, batch["tokens"], batch["positions"], batch["attention_mask"],
-                                        batch["temperature"])
+        return self._reference_logprobs(self.reference_params, batch["tokens"], batch["positions"],
+                                        batch["attention_mask"], batch["temperature"])
+
+    def check_filters(self, batch: dict) -> None:
+        """The batch's rows were drawn under this agent's sampler filters, which its policy step is compiled with
+        (padding rows, of weight 0, are never read); otherwise the importance ratios would be off."""
+        used = np.asarray(batch["weights"]) > 0
+        for key, own in (("top_k", self.sampler.top_k), ("top_p", self.sampler.top_p)):
+            if key in batch and used.any() and not np.allclose(np.asarray(batch[key])[used], own):
+                raise ValueError(f"{self.name}: a batch drawn with {key} {sorted(set(np.asarray(batch[key])[used]))}"
+                                 f" cannot train under this agent's policy step, compiled for {key}={own}")
 
     def train(self, batches) -> dict:
         """`passes` updates on each batch in turn (a dict, or a list of dicts: the unsynchronised sub-agent's
         FIFO chunks, oldest first), then new weights to the sampler. Returns each batch's last-pass metrics,
-        combined over batches (`*_min` / `*_max` by min / max, `tokens` summed, the rest averaged), as
-        `<agent>/train/<key>`."""
+        combined over batches as the step combines its micro-batches (`step.combine_metrics`: `tokens` summed,
+        `*_min` / `*_max` by min / max, the rest token-weighted), as `<agent>/train/<key>`."""
         batches = [batches] if isinstance(batches, dict) else list(batches)
         if not batches:
             return {}
-        step = self.policy_step
         per_batch = []
         for batch in batches:
-            train_batch = {k: batch[k] for k in TRAIN_KEYS}
+            self.check_filters(batch)
+            train_batch = {k: batch[k] for k in POLICY_KEYS}
             if self.reference_params is not None:
                 train_batch["ref_logprobs"] = self.reference_logprobs(train_batch)
             metrics = {}
             for _ in range(self.config.passes):
-                self.state, metrics = step(self.state, train_batch)
+                self.state, metrics = self.policy_step(self.state, train_batch)
             per_batch.append(metrics)
         self.publish()
-        out = {f"{self.name}/train/{k}": v for k, v in combine_metrics(jax.device_get(per_batch)).items()}
+        per_batch = jax.device_get(per_batch)
+        combined = per_batch[0] if len(per_batch) == 1 else combine_metrics(
+            {k: np.asarray([m[k] for m in per_batch], np.float32) for k in per_batch[-1]})
+        out = {f"{self.name}/train/{k}": float(v) for k, v in combined.items()}
         # The clip range, KL coefficient, ... in force, so a run's log shows which loss it really trained with.
         out.update({f"{self.name}/loss/{k}": float(v) for k, v in self.loss_hparams.items()
                     if isinstance(v, int | float) and not isinstance(v, bool)})
         return out
-
-
-def combine_metrics(per_batch: Sequence[dict]) -> dict[str, float]:
-    out = {}
-    for k in per_batch[-1]:
-        values = [float(m[k]) for m in per_batch]
-        if k.endswith("_min"):
-            out[k] = min(values)
-        elif k.endswith("_max"):
-            out[k] = max(values)
-        elif k == "tokens":
-            out[k] = sum(values)
-        else:
-            out[k] = values[0] if len(values) == 1 else float(np.mean(values))
-    return out

@@ -86,7 +86,7 @@ from mgrpo_jax.train.state import AgentState
 BATCH_AXES = ("data", "fsdp")
 POLICY_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "advantages", "weights",
                "temperature")
-SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask")
+SFT_KEYS = ("tokens", "positions", "attention_mask", "loss_mask", "weights")
 # The logit a token excluded by top-k / top-p gets in the train step (the sampler uses -inf): exp() of it is
 # exactly 0 in float32, so the distribution is the sampler's, but log-probs and gradients stay finite.
 EXCLUDED_LOGIT = -1e9
@@ -222,15 +222,11 @@ def _trained_mask(mb: dict) -> jax.Array:
     return mask.at[:, 0].set(0.0)
 
 
-def set_hparams(loss_hparams) -> dict:
-    """The loss keyword arguments the config sets: None means "the loss's own default" (`loss_defaults`)."""
-    return {k: v for k, v in dict(loss_hparams or {}).items() if v is not None}
-
-
-def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_entropy: bool = False,
-                      top_k: int = 0, top_p: float = 1.0, router_aux_loss_coef: float | None = None):
-    """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a registered policy loss, with
-    log-probs (and entropy) of the behaviour distribution (``mb['temperature']``, ``top_k``, ``top_p``)."""
+def policy_micro_loss(graphdef, loss_fn: Callable, compute_entropy: bool = False, top_k: int = 0,
+                      top_p: float = 1.0, router_aux_loss_coef: float | None = None):
+    """``(params, micro_batch) -> (loss_sum, (denominator, metrics))`` for a policy loss bound to its
+    hyper-parameters (``get_loss(name, hparams)``), with log-probs (and entropy) of the behaviour distribution
+    (``mb['temperature']``, ``top_k``, ``top_p``)."""
 
     def f(params, mb, frozen=None):
         lp, logits, router = _forward(graphdef, params, mb, with_logits=compute_entropy, behaviour=True,
@@ -241,7 +237,7 @@ def policy_micro_loss(graphdef, loss_fn: Callable, loss_hparams: dict, compute_e
             logprobs=lp, old_logprobs=mb["old_logprobs"].astype(jnp.float32),
             advantages=mb["advantages"], mask=_trained_mask(mb), weights=mb["weights"],
             ref_logprobs=mb.get("ref_logprobs"), entropy=entropy)
-        loss_sum, denom, metrics = loss_fn(inputs, **loss_hparams)
+        loss_sum, denom, metrics = loss_fn(inputs)
         loss_sum, metrics = _with_router_loss(loss_sum, denom, metrics, router)
         return loss_sum, (denom, metrics)
 
@@ -404,14 +400,15 @@ def make_policy_step(graphdef, optimizer: optax.GradientTransformation, loss_nam
                      compute_entropy: bool = False, donate: bool = True, top_k: int = 0,
                      top_p: float = 1.0, router_aux_loss_coef: float | None = None, frozen=None) -> TrainStep:
     """Policy-gradient step with the registered loss ``loss_name`` (``grpo``, ``dr_grpo``, ``gspo``, ...)
-    and its keyword hyper-parameters. ``compute_entropy`` adds the policy's token entropy to the metrics
+    and its keyword hyper-parameters: the registration's defaults under the ones ``loss_hparams`` sets (None:
+    unset; ``resolve_loss_hparams``). ``compute_entropy`` adds the policy's token entropy to the metrics
     (costs a softmax over the vocabulary). ``top_k`` / ``top_p``: the filters of the sampler that recorded
     the batches' behaviour log-probs (its ``Sampler.top_k`` / ``Sampler.top_p``; 0 / 1.0 = off); the
     per-row temperature comes with the batch. ``router_aux_loss_coef``: an MoE model's load-balancing weight
     (``None``: its config's). ``frozen``: a LoRA agent's base (see ``build_step``). See the module docstring for
     the batch and the metrics."""
-    micro = policy_micro_loss(graphdef, get_loss(loss_name), set_hparams(loss_hparams), compute_entropy,
-                              int(top_k), float(top_p), router_aux_loss_coef)
+    micro = policy_micro_loss(graphdef, get_loss(loss_name, loss_hparams), compute_entropy, int(top_k), float(top_p),
+                              router_aux_loss_coef)
     return build_step(graphdef, optimizer, micro, state_sharding, mesh, micro_batches,
                       batch_axes=batch_axes, donate=donate, frozen=frozen)
 

@@ -1,15 +1,18 @@
 """The M-GRPO run: warm start, then RL steps of the whole system, with evaluation, checkpoints and logs.
 `Trainer(config, workdir).run()` resumes from the workdir's latest checkpoint if there is one.
 
-One RL step (`rl_step`), for every mode and for both jobs of the decoupled mode (which differ only in their
-exchange, mgrpo_jax/train/exchange.py):
-  main side  Q questions -> Q*K whole-system rollouts -> the judges' arrays (format, correctness, expert scores)
-             -> published to the sub side;
-  both       `mgrpo_targets` (mgrpo_jax/core/mgrpo.py): rewards, alignment and advantages of both agents in one
-             jitted call;
-  updates    the main agent on its Q*K rows; the sub-agent on its Q*K*D aligned rows (`mgrpo`), on FIFO chunks
-             (`mgrpo_unsync`, mgrpo_jax/train/unsync.py) or not at all (`frozen_sub`); new weights to the samplers.
-Modes: `mgrpo`, `frozen_sub`, `single_agent` (one agent with the sub-agent's tools), `mgrpo_unsync`.
+One RL step (`rl_step`), the same for every mode and for both jobs of the decoupled mode:
+  collect   the main side's Q questions -> Q*K whole-system rollouts -> the judges' arrays (format, correctness,
+            expert scores);
+  hand off  through the exchange (mgrpo_jax/train/exchange.py) to the sub side: by reference in this process, or
+            through the shared store between the two jobs of the decoupled mode (mgrpo_jax/train/decoupled.py);
+  targets   `mgrpo_targets` (mgrpo_jax/core/mgrpo.py): rewards, alignment and advantages of both agents in one
+            jitted call;
+  update    each side (mgrpo_jax/train/sides.py) builds its rows and trains: the main agent on its Q*K rows; the
+            sub-agent on its Q*K*D aligned rows (`mgrpo`), on FIFO chunks (`mgrpo_unsync`) or not at all
+            (`frozen_sub`); new weights to the samplers.
+Modes: `mgrpo`, `frozen_sub`, `single_agent` (one agent with the sub-agent's tools), `mgrpo_unsync`. Roles: a
+`colocated` job holds both sides; the decoupled mode's `main` and `sub` jobs hold one each (`NoSide` the other).
 """
 
 from __future__ import annotations
@@ -22,49 +25,67 @@ import jax
 
 from mgrpo_jax.core import TargetsConfig, mgrpo_targets
 from mgrpo_jax.env.pipeline import question_iterator
-from mgrpo_jax.env.prompts import SUB
+from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.store import open_store
-from mgrpo_jax.train import curriculum, evaluation, files, sides, system, warmstart
+from mgrpo_jax.train import curriculum, decoupled, evaluation, files, sides, system, warmstart
 from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard, init_from_checkpoint
-from mgrpo_jax.train.exchange import Exchange, InProcessExchange
+from mgrpo_jax.train.exchange import InProcessExchange
 from mgrpo_jax.train.metrics import MetricWriter, read_summary, write_summary
 from mgrpo_jax.train.progress import RunProgress
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
+ROLES = {"colocated": None, "main": (MAIN,), "sub": (SUB,)}  # role -> the agents its job holds (None: all)
+
 
 class Trainer:
-    agent_subset = None  # the agents this process holds (None: all); each job of the decoupled mode sets it
+    """One job of a run: `role` colocated (both sides here) or one side of the decoupled mode, `main` or `sub`,
+    which keeps its files in `workdir/main` or `workdir/sub`."""
 
-    def __init__(self, config, workdir: str):
-        self.config, self.step, self.warm_started = config, 0, config.warmstart.steps == 0
+    def __init__(self, config, workdir: str, role: str = "colocated"):
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}: expected one of {tuple(ROLES)}")
+        workdir = workdir if role == "colocated" else os.path.join(workdir, role)
+        self.config, self.role, self.step, self.warm_started = config, role, 0, config.warmstart.steps == 0
         self.workdir = workdir if "://" in workdir else os.path.abspath(workdir)  # Orbax needs absolute paths
         self.is_main_process, self.top_name = jax.process_index() == 0, system.agent_names(config.mode)[0]
         files.as_path(self.workdir).mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         self.env = system.build_environment(config)
-        self.tokenizer = system.build_tokenizer(config, self.env, self.workdir)
-        self.agents = system.build_agents(config, self.tokenizer, only=self.agent_subset)
-        self.holds_every_agent = self.agent_subset is None
-        self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.store = open_store(config.store)
+        published = decoupled.main_tokenizer(self.store, self.workdir, config) if role == "sub" else None
+        self.tokenizer = system.build_tokenizer(config, self.env, self.workdir)
+        if published is not None:
+            decoupled.check_tokenizer(self.tokenizer, published, config, self.workdir)
+        self.agents = system.build_agents(config, self.tokenizer, only=ROLES[role])
+        self.holds_every_agent = role == "colocated"
+        self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.writer, self.progress = MetricWriter(self.workdir, self.is_main_process, console=False), RunProgress(False)
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
         self.targets_config = TargetsConfig.from_config(config)
         self.questions = curriculum.training_questions(config, self.env, self.workdir)
         self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
-        self.fifo, self.fifo_consumer = sides.unsync_fifo(self)
-        self.exchange = self.make_exchange()
+        self.main, self.sub = sides.build_sides(config, self.agents, self.engine, self.env, self.store, self.workdir,
+                                                self.is_main_process)
+        self.exchange = self._exchange()
         self.engine.sub_executor = self.exchange.delegate
         log.info("built %s run (%s preset, mode %s) in %.1f s", config.benchmark, config.preset, config.mode,
                  time.perf_counter() - start)
 
-    def make_exchange(self) -> Exchange:
+    def _exchange(self):
+        if self.role == "main":
+            return decoupled.MainExchange(self.store, self.config, self.tokenizer, self.workdir,
+                                          resuming=self.checkpointer.latest_step() is not None,
+                                          policy_version=lambda: self.main.version)
+        if self.role == "sub":
+            return decoupled.SubExchange(self.store, self.config, self.workdir, self.env, self.engine)
         return InProcessExchange()
 
     def warm_start(self, guard: PreemptionGuard | None = None) -> bool:
-        self.warm_started = warmstart.warm_start(self, guard)
+        self.warm_started = warmstart.WarmStart(self.config, self.agents, self.env, self.engine, self.writer,
+                                                self.workdir, check_format=self.holds_every_agent).run(self.progress,
+                                                                                                       guard)
         return self.warm_started
 
     def filter_curriculum(self) -> dict:
@@ -85,44 +106,37 @@ class Trainer:
     # -- one RL step ------------------------------------------------------------------------------------
 
     def rl_step(self) -> dict | None:
-        """One step of whatever sides this process holds; None when the other job finished without it."""
-        cfg, t0 = self.config, time.perf_counter()
-        top, sub = self.agents.get(self.top_name), self.agents.get(SUB)
-        metrics, rollout = {}, None
-        if top is not None:
-            rollout, arrays, metrics = sides.main_rollout(self)
-        if sub is not None:
-            sub_version = int(sub.state.step)  # the policy that served this step's calls
-            received = self.exchange.receive(self.step, sub_version)
-            if received is None:
-                return None
-            arrays = received.arrays
-            metrics.update(received.metrics)
+        """One step of the sides this job holds; None when the main job finished without this step."""
+        t0 = time.perf_counter()
+        metrics = self.exchange.before_step(self.step)
+        collected = self.main.collect(self.step, next(self.iterator))
+        sub_version = self.sub.version  # the policy that serves this step's calls
+        data = self.exchange.hand_off(self.step, collected, sub_version)
+        if data is None:
+            return None
+        metrics.update(data.metrics)
         t1 = time.perf_counter()
-        key = jax.random.key(derive_seed(cfg.seed, "align", self.step))
-        targets = jax.device_get(mgrpo_targets(arrays, key, self.targets_config))  # one jitted call, both agents
+        key = jax.random.key(derive_seed(self.config.seed, "align", self.step))
+        targets = jax.device_get(mgrpo_targets(data.arrays, key, self.targets_config))  # one jitted call, both agents
+        self.exchange.publish(self.step, data.arrays, targets)
         stats = {k: float(v) for k, v in targets.stats.items()}
-        if top is not None:
-            top_metrics, top_rows = sides.main_rows(self, rollout, targets, stats)
-            metrics.update(top_metrics)
-        if sub is not None:
-            sub_metrics, sub_rows = sides.sub_rows(self, received, targets, stats)
-            metrics.update(sub_metrics)
+        main_figures, main_rows = self.main.rows(collected, targets, stats, self.step)
+        sub_figures, sub_rows = self.sub.rows(data, targets, stats, self.step)
+        metrics.update({**main_figures, **sub_figures})
         t2 = time.perf_counter()
-        if top is not None:
-            metrics.update(top.train(top_rows))
-        if sub is not None:
-            if sub.trainable:
-                metrics.update(sub.train(sub_rows))
-            self.exchange.commit(self.step, sub_version, int(metrics.get("sub/served", 0)))
+        metrics.update(self.main.update(main_rows))
+        metrics.update(self.sub.update(sub_rows))
+        self.exchange.commit(self.step, sub_version, int(metrics.get("sub/served", 0)))
         self.exchange.end_step(self.step)
-        return sides.with_timings(metrics, rollout, t0, t1, t2, time.perf_counter())
+        t3 = time.perf_counter()
+        metrics.update(self.main.throughput(collected, t3 - t0))
+        return sides.step_timings(metrics, t0, t1, t2, t3)
 
     # -- state and the run ------------------------------------------------------------------------------
 
     def host_state(self) -> dict:
         return {"step": self.step, "iterator": self.iterator.get_state(), "warm_started": self.warm_started,
-                "fifo_offset": self.fifo_consumer.offset if self.fifo_consumer else 0}
+                "fifo_offset": 0, **self.sub.host_state()}
 
     def save(self, force: bool = False) -> None:
         items = {k: v for agent in self.agents.values() for k, v in agent.checkpoint_items().items()}
@@ -139,8 +153,7 @@ class Trainer:
             agent.load_checkpoint_items(states)
         self.step, self.warm_started = int(host["step"]), bool(host["warm_started"])
         self.iterator.set_state(host["iterator"])
-        if self.fifo_consumer is not None:
-            self.fifo_consumer.seek(int(host.get("fifo_offset", 0)))
+        self.sub.load_host_state(host)
         self.writer.truncate_after(self.step)
         log.info("resumed from step %d", self.step)
         return True
@@ -166,7 +179,8 @@ class Trainer:
                 if cfg.train.eval_at_start and self.holds_every_agent:
                     self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
                 self.save(force=True)
-                warmstart.discard_checkpoints(self)
+                self.checkpointer.wait()
+                warmstart.discard_checkpoints(self.workdir)
             bar = self.progress.phase("RL" if self.top_name in self.agents else "sub RL", cfg.train.steps, self.step)
             while self.step < cfg.train.steps:
                 metrics = self.rl_step()

@@ -2,7 +2,7 @@
 FIFO of its trajectories, grouped by arrival rather than by query, as the authors' released code does.
 
 One function, `unsync_step`, is the whole sub-agent side of an RL step in this mode; the run loop calls it from
-`mgrpo_jax/train/sides.py: sub_rows`, colocated or in the decoupled sub job alike.
+`mgrpo_jax/train/sides.py: UnsyncSubSide.rows`, colocated or in the decoupled sub job alike.
 
 **Push.** Every real sub-trajectory of the step goes to the FIFO once: each (query, rollout, invocation)
 with its own R_S, no alignment (no duplicates for d_k < D, nothing dropped for d_k > D: alignment is the
@@ -45,12 +45,13 @@ from mgrpo_jax.store import Record
 RECORD_KIND = "sub_trajectory"
 
 
-def step_records(rollout, call_reward, step: int, versions, temperature: float) -> list[Record]:
+def step_records(rollout, call_reward, step: int, versions) -> list[Record]:
     """Every real sub-trajectory of the step as a FIFO record, in (query, rollout, invocation) order.
 
     `call_reward` [Q, K, C] is each raw call's R_S (`Targets.sub_call_reward`: no alignment, every call once).
     `versions` is the sub policy version that sampled each trajectory: one int for all, or a mapping
-    (query, rollout, invocation) -> version. Payload: tokens, loss_mask, old_logprobs, temperature, reward.
+    (query, rollout, invocation) -> version. Payload: tokens, loss_mask, old_logprobs, the sampling settings the
+    episode was drawn with (temperature, top_k, top_p), reward.
     """
     call_reward = np.asarray(call_reward)
     out = []
@@ -60,7 +61,8 @@ def step_records(rollout, call_reward, step: int, versions, temperature: float) 
                 version = versions if isinstance(versions, int | np.integer) else versions[(qi, ki, j)]
                 out.append(Record(RECORD_KIND, int(step), qi, ki, j, int(version), {
                     "tokens": list(sub.tokens), "loss_mask": list(sub.loss_mask),
-                    "old_logprobs": list(sub.logprobs), "temperature": float(temperature),
+                    "old_logprobs": list(sub.logprobs), "temperature": float(sub.temperature),
+                    "top_k": int(sub.top_k), "top_p": float(sub.top_p),
                     "reward": float(call_reward[qi, ki, j])}))
     return out
 

@@ -11,10 +11,12 @@ the minimum. Then every agent gets a fresh RL optimizer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import types
 
+import jax
 import numpy as np
 from etils import epath
 
@@ -24,7 +26,6 @@ from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.rewards import episode_format_ok
 from mgrpo_jax.train import system
 from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard
-from mgrpo_jax.train.learner import SFT_KEYS
 from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -33,52 +34,147 @@ CHECKPOINTS = "warmstart_checkpoints"
 LOG_EVERY = 25  # warm-start steps between log lines (and metric-log entries)
 
 
-def demonstrations(run, agent: str, count: int, seed: int) -> list:
-    """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions."""
-    experts = run.env.experts(system.noise_config(run.config))
-    pool = list(run.env.questions.stage1) + list(run.env.questions.stage2)
-    order = np.random.default_rng(seed).permutation(len(pool))
-    examples = []
-    for i in order:
-        question = pool[int(i)]
-        if agent == SINGLE:
-            episodes = [experts.single_agent(question).top]
-        else:
-            transcript = experts.main_agent(question)
-            episodes = [transcript.top] if agent == MAIN else list(transcript.subs)
-        examples.extend(run.agents[agent].tokenizer.render_chat(episode.as_chat()) for episode in episodes)
-        if len(examples) >= count:
-            break
-    return examples[:count]
+@dataclasses.dataclass
+class WarmStart:
+    """The warm start of the `learners` this process holds (`run` does it), with what it reads: the world's
+    experts and questions, the rollout engine for the greedy format check (run only where `check_format`: the
+    check runs the whole system), and where it writes (its metric log, its checkpoints under `workdir`)."""
 
+    config: object
+    learners: dict  # {agent name: Learner}
+    env: object
+    engine: object
+    writer: object  # MetricWriter
+    workdir: str
+    check_format: bool = True
 
-def greedy_format(run) -> tuple[dict[str, float], float]:
-    """({agent: share of its greedy episodes that keep the protocol}, share of correct final answers) on
-    `warmstart.format_questions` training questions (the first ones of stage 1 and of stage 2, half each)."""
-    count = run.config.warmstart.format_questions
-    pool = list(run.env.questions.stage1[: count - count // 2]) + list(run.env.questions.stage2[: count // 2])
-    result = run.engine.run(pool, 1, seed=derive_seed(run.config.seed, "format"), temperature=0.0)
-    shares = {}
-    for name in run.agents:
-        episodes = list(result.episodes(name))
-        tools = run.engine.sub.tool_names if name == SUB else run.engine.top.tool_names
-        ok = [episode_format_ok(e.turns, tools, run.engine.grammar) for e in episodes]
-        shares[name] = float(np.mean(ok)) if ok else 0.0
-    correct = [float(e.answer is not None and world_answer_correct(e.answer, pool[e.question_index].answer))
-               for row in result.top for e in row]
-    return shares, float(np.mean(correct))
+    def demonstrations(self, agent: str, count: int, seed: int) -> list:
+        """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions."""
+        experts = self.env.experts(system.noise_config(self.config))
+        pool = list(self.env.questions.stage1) + list(self.env.questions.stage2)
+        order = np.random.default_rng(seed).permutation(len(pool))
+        examples = []
+        for i in order:
+            question = pool[int(i)]
+            if agent == SINGLE:
+                episodes = [experts.single_agent(question).top]
+            else:
+                transcript = experts.main_agent(question)
+                episodes = [transcript.top] if agent == MAIN else list(transcript.subs)
+            examples.extend(self.learners[agent].tokenizer.render_chat(episode.as_chat()) for episode in episodes)
+            if len(examples) >= count:
+                break
+        return examples[:count]
 
+    def greedy_format(self) -> tuple[dict[str, float], float]:
+        """({agent: share of its greedy episodes that keep the protocol}, share of correct final answers) on
+        `warmstart.format_questions` training questions (the first ones of stage 1 and of stage 2, half each)."""
+        count, engine = self.config.warmstart.format_questions, self.engine
+        pool = list(self.env.questions.stage1[: count - count // 2]) + list(self.env.questions.stage2[: count // 2])
+        result = engine.run(pool, 1, seed=derive_seed(self.config.seed, "format"), temperature=0.0)
+        shares = {}
+        for name in self.learners:
+            episodes = list(result.episodes(name))
+            tools = engine.sub.tool_names if name == SUB else engine.top.tool_names
+            ok = [episode_format_ok(e.turns, tools, engine.grammar) for e in episodes]
+            shares[name] = float(np.mean(ok)) if ok else 0.0
+        correct = [float(e.answer is not None and world_answer_correct(e.answer, pool[e.question_index].answer))
+                   for row in result.top for e in row]
+        return shares, float(np.mean(correct))
 
-def _clone(run, name: str, agent) -> types.SimpleNamespace:
-    """An agent's warm-start progress, fresh: the SFT optimizer, its demonstrations and its batch order."""
-    steps = agent.config.warmstart_steps or run.config.warmstart.steps
-    sft_cfg = agent.config.sft.copy_and_resolve_references()
-    sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
-    agent.reset_optimizer(sft_cfg)
-    return types.SimpleNamespace(
-        steps=steps, done=0, losses=[], finished=False, step=agent.sft_step(sft_cfg),
-        examples=demonstrations(run, name, run.config.warmstart.examples, derive_seed(run.config.seed, "demos", name)),
-        rng=np.random.default_rng(derive_seed(run.config.seed, "sft", name)))
+    def _clone(self, name: str, agent) -> types.SimpleNamespace:
+        """An agent's warm-start progress, fresh: the SFT optimizer, its demonstrations and its batch order."""
+        cfg = self.config
+        steps = agent.config.warmstart_steps or cfg.warmstart.steps
+        sft_cfg = agent.config.sft.copy_and_resolve_references()
+        sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
+        agent.start_sft(sft_cfg)
+        return types.SimpleNamespace(
+            steps=steps, done=0, losses=[], finished=False,
+            examples=self.demonstrations(name, cfg.warmstart.examples, derive_seed(cfg.seed, "demos", name)),
+            rng=np.random.default_rng(derive_seed(cfg.seed, "sft", name)))
+
+    def _resume(self, clones: dict, checkpointer: Checkpointer) -> int:
+        """The agents' states and progress from the newest warm-start checkpoint, if any; returns the rounds done."""
+        restored = checkpointer.restore_latest({name: agent.state for name, agent in self.learners.items()})
+        if restored is None:
+            return 0
+        total, states, host = restored
+        for name, agent in self.learners.items():
+            clone, saved = clones[name], host["agents"][name]
+            agent.restore_state(states[name])
+            clone.done, clone.finished = int(saved["done"]), bool(saved["finished"])
+            clone.losses = list(saved["losses"])
+            clone.rng.bit_generator.state = saved["rng"]
+        log.info("warm start resumed after %d steps (%s)", total,
+                 ", ".join(f"{name} {c.done}/{c.steps}" for name, c in clones.items()))
+        return int(host["rounds"])
+
+    def run(self, progress, guard: PreemptionGuard | None = None) -> bool:
+        """Clones every learner (see the module docstring). Every `warmstart.checkpoint_every` steps (counted over
+        all agents), and when preempted, the agents' states and progress are checkpointed in
+        `<workdir>/warmstart_checkpoints`; a resumed run continues from there. Returns False when preempted."""
+        cfg = self.config.warmstart
+        clones = {name: self._clone(name, agent) for name, agent in self.learners.items()}
+        checkpointer = Checkpointer(self.workdir, keep=1, save_every=cfg.checkpoint_every, subdir=CHECKPOINTS)
+        rounds = self._resume(clones, checkpointer)
+        bars = {name: progress.phase(f"warm start {name}", c.steps, c.done) for name, c in clones.items()}
+        start = time.perf_counter()
+
+        def save(force: bool) -> None:
+            total = sum(c.done for c in clones.values())
+            if force or checkpointer.should_save(total):
+                states = {name: agent.state for name, agent in self.learners.items()}
+                checkpointer.save(total, states, _host_state(clones, rounds), force=True)
+
+        active = [name for name, c in clones.items() if c.done < c.steps and not c.finished]
+        while active:
+            round_end = (rounds + 1) * cfg.check_every if cfg.check_every else None
+            for name in active:
+                clone, agent, bar = clones[name], self.learners[name], bars[name]
+                while clone.done < min(round_end or clone.steps, clone.steps):
+                    if guard is not None and guard.should_stop():
+                        save(force=True)
+                        checkpointer.close()
+                        log.warning("preempted during the warm start of %s at step %d: checkpointed, it continues "
+                                    "from there when the run resumes", name, clone.done)
+                        return False
+                    rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
+                                                                        replace=False)]
+                    length = batches.bucket_length([len(ids) for ids, _ in rows], agent.config.context_tokens)
+                    metrics = agent.sft_update(batches.sft_rows(rows, length, agent.tokenizer.pad_id))
+                    clone.losses.append(float(metrics["loss"]))
+                    bar.update(clone.done + 1, loss=clone.losses[-1])
+                    if clone.done % LOG_EVERY == 0 or clone.done == clone.steps - 1:
+                        self.writer.write(clone.done, {f"warmstart/{name}/loss": clone.losses[-1]},
+                                          prefix_step="warmstart")
+                        log.info("warm start %s %s", name, bar.line(loss=clone.losses[-1]))
+                    clone.done += 1
+                    save(force=False)
+                bar.pause()  # the other agents' rounds and the format check run before its next step
+                agent.publish()
+            for name in active:
+                clones[name].finished = clones[name].done >= clones[name].steps
+            if cfg.check_every and self.check_format:
+                rates, correct = self.greedy_format()
+                for name in active:
+                    self.writer.write(clones[name].done, {f"warmstart/{name}/format_ok": rates[name],
+                                                          f"warmstart/{name}/correct": correct},
+                                      prefix_step="warmstart")
+                    log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
+                             clones[name].done, clones[name].losses[-1], rates[name], correct)
+                    clones[name].finished |= rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps
+            rounds += 1
+            active = [name for name in active if not clones[name].finished]
+        checkpointer.close()
+        for name, agent in self.learners.items():
+            clone = clones[name]
+            bars[name].close()
+            agent.reset_optimizer(agent.config.optim)
+            first, last = (clone.losses[0], clone.losses[-1]) if clone.losses else (float("nan"), float("nan"))
+            log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s in this process)", name, clone.done, first,
+                     last, time.perf_counter() - start)
+        return True
 
 
 def _host_state(clones: dict, rounds: int) -> dict:
@@ -86,94 +182,9 @@ def _host_state(clones: dict, rounds: int) -> dict:
                                                 "rng": c.rng.bit_generator.state} for name, c in clones.items()}}
 
 
-def _resume(run, clones: dict, checkpointer: Checkpointer) -> int:
-    """The agents' states and progress from the newest warm-start checkpoint, if any; returns the rounds done."""
-    restored = checkpointer.restore_latest({name: agent.state for name, agent in run.agents.items()})
-    if restored is None:
-        return 0
-    total, states, host = restored
-    for name, agent in run.agents.items():
-        agent.state, clone, saved = states[name], clones[name], host["agents"][name]
-        clone.done, clone.finished, clone.losses = int(saved["done"]), bool(saved["finished"]), list(saved["losses"])
-        clone.rng.bit_generator.state = saved["rng"]
-        agent.publish()
-    log.info("warm start resumed after %d steps (%s)", total,
-             ", ".join(f"{name} {c.done}/{c.steps}" for name, c in clones.items()))
-    return int(host["rounds"])
-
-
-def discard_checkpoints(run) -> None:
+def discard_checkpoints(workdir: str) -> None:
     """Drops the warm-start checkpoints once the run's first RL checkpoint is written (they hold the SFT
-    optimizer's state too, as large as the model twice)."""
-    run.checkpointer.wait()
-    path = epath.Path(run.workdir) / CHECKPOINTS
-    if run.is_main_process and path.exists():
+    optimizer's state too, as large as the model twice); call it after that checkpoint is on disk."""
+    path = epath.Path(workdir) / CHECKPOINTS
+    if jax.process_index() == 0 and path.exists():
         path.rmtree()
-
-
-def warm_start(run, guard: PreemptionGuard | None = None) -> bool:
-    """Clones every agent of `run` (see the module docstring). Every `warmstart.checkpoint_every` steps (counted
-    over all agents), and when preempted, the agents' states and progress are checkpointed in
-    `<workdir>/warmstart_checkpoints`; a resumed run continues from there. Returns False when preempted."""
-    cfg = run.config.warmstart
-    clones = {name: _clone(run, name, agent) for name, agent in run.agents.items()}
-    checkpointer = Checkpointer(run.workdir, keep=1, save_every=cfg.checkpoint_every, subdir=CHECKPOINTS)
-    rounds = _resume(run, clones, checkpointer)
-    bars = {name: run.progress.phase(f"warm start {name}", c.steps, c.done) for name, c in clones.items()}
-    start = time.perf_counter()
-
-    def save(force: bool) -> None:
-        total = sum(c.done for c in clones.values())
-        if force or checkpointer.should_save(total):
-            states = {name: agent.state for name, agent in run.agents.items()}
-            checkpointer.save(total, states, _host_state(clones, rounds), force=True)
-
-    active = [name for name, c in clones.items() if c.done < c.steps and not c.finished]
-    while active:
-        round_end = (rounds + 1) * cfg.check_every if cfg.check_every else None
-        for name in active:
-            clone, agent, bar = clones[name], run.agents[name], bars[name]
-            while clone.done < min(round_end or clone.steps, clone.steps):
-                if guard is not None and guard.should_stop():
-                    save(force=True)
-                    checkpointer.close()
-                    log.warning("preempted during the warm start of %s at step %d: checkpointed, it continues "
-                                "from there when the run resumes", name, clone.done)
-                    return False
-                rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
-                                                                    replace=False)]
-                length = batches.bucket_length([len(ids) for ids, _ in rows], agent.config.context_tokens)
-                batch = batches.sft_rows(rows, length, agent.tokenizer.pad_id)
-                agent.state, metrics = clone.step(agent.state, {k: batch[k] for k in SFT_KEYS})
-                clone.losses.append(float(metrics["loss"]))
-                bar.update(clone.done + 1, loss=clone.losses[-1])
-                if clone.done % LOG_EVERY == 0 or clone.done == clone.steps - 1:
-                    run.writer.write(clone.done, {f"warmstart/{name}/loss": clone.losses[-1]},
-                                     prefix_step="warmstart")
-                    log.info("warm start %s %s", name, bar.line(loss=clone.losses[-1]))
-                clone.done += 1
-                save(force=False)
-            bar.pause()  # the other agents' rounds and the format check run before its next step
-            agent.publish()
-        for name in active:
-            clones[name].finished = clones[name].done >= clones[name].steps
-        if cfg.check_every and run.holds_every_agent:  # the check runs the whole system
-            rates, correct = greedy_format(run)
-            for name in active:
-                run.writer.write(clones[name].done, {f"warmstart/{name}/format_ok": rates[name],
-                                                     f"warmstart/{name}/correct": correct},
-                                 prefix_step="warmstart")
-                log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
-                         clones[name].done, clones[name].losses[-1], rates[name], correct)
-                clones[name].finished |= rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps
-        rounds += 1
-        active = [name for name in active if not clones[name].finished]
-    checkpointer.close()
-    for name, agent in run.agents.items():
-        clone = clones[name]
-        bars[name].close()
-        agent.reset_optimizer(agent.config.optim)
-        first, last = (clone.losses[0], clone.losses[-1]) if clone.losses else (float("nan"), float("nan"))
-        log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s in this process)", name, clone.done, first,
-                 last, time.perf_counter() - start)
-    return True

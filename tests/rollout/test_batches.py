@@ -22,28 +22,38 @@ def _top():
     return top
 
 
-def test_top_batch_temperature_column():
-    top = _top()
-    default = batches.top_batch(top, np.zeros((2, 2)), seq_len=16)
-    np.testing.assert_array_equal(default["temperature"], np.ones(4, np.float32))  # 1: as before the column
-    scalar = batches.top_batch(top, np.zeros((2, 2)), seq_len=16, temperature=0.7)
-    assert scalar["temperature"].dtype == np.float32
-    np.testing.assert_array_equal(scalar["temperature"], np.full(4, 0.7, np.float32))
-    per_row = batches.top_batch(top, np.zeros((2, 2)), seq_len=16, temperature=[[0.5, 1.0], [0.0, 2.0]])
+def _sampled_at(top, temperature, top_k=0, top_p=1.0):
+    for row in top:
+        for e in row:
+            for x in (e, *e.subs):
+                x.temperature, x.top_k, x.top_p = temperature(x), top_k, top_p
+    return top
+
+
+def test_top_batch_takes_each_rows_sampling_settings_from_its_episode():
+    default = batches.top_batch(_top(), np.zeros((2, 2)), seq_len=16)
+    np.testing.assert_array_equal(default["temperature"], np.ones(4, np.float32))  # an episode's default: 1
+    np.testing.assert_array_equal(default["top_k"], 0)
+    per_row = batches.top_batch(_sampled_at(_top(), lambda e: [[0.5, 1.0], [0.0, 2.0]][e.question_index][e.rollout],
+                                            top_k=5, top_p=0.8), np.zeros((2, 2)), seq_len=16)
+    assert per_row["temperature"].dtype == np.float32
     np.testing.assert_array_equal(per_row["temperature"], np.asarray([0.5, 1.0, 0.0, 2.0], np.float32))
+    np.testing.assert_array_equal(per_row["top_k"], np.full(4, 5, np.int32))
+    np.testing.assert_allclose(per_row["top_p"], 0.8)
     for key in ("tokens", "loss_mask", "old_logprobs", "advantages", "weights"):
-        np.testing.assert_array_equal(default[key], scalar[key])
+        np.testing.assert_array_equal(default[key], per_row[key])
 
 
-def test_sub_batch_temperature_column():
-    top = _top()
+def test_sub_batch_takes_each_slots_settings_from_the_call_it_holds_and_pads_with_ones():
+    top = _sampled_at(_top(), lambda e: 0.5 + 0.1 * e.invocation if e.agent == "sub" else 9.0)
     index = np.zeros((2, 2, 2), np.int32)
     index[1, :, 1] = 1
     weight = np.ones((2, 2, 2), np.float32)
-    out = batches.sub_batch(top, index, weight, np.ones((2, 2, 2)), seq_len=16, temperature=0.7)
+    weight[0, 1, 1] = 0.0  # a masked slot: padding, temperature 1
+    out = batches.sub_batch(top, index, weight, np.ones((2, 2, 2)), seq_len=16)
     assert out["temperature"].shape == (8,)
-    np.testing.assert_array_equal(out["temperature"], np.full(8, 0.7, np.float32))
-    np.testing.assert_array_equal(batches.sub_batch(top, index, weight, np.ones((2, 2, 2)), 16)["temperature"], 1.0)
+    expected = np.asarray([0.5, 0.5, 0.5, 1.0, 0.5, 0.6, 0.5, 0.6], np.float32)
+    np.testing.assert_allclose(out["temperature"], expected)
 
 
 def test_record_rows_rebuild_episode_rows():

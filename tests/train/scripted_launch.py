@@ -32,6 +32,7 @@ class DelegateFirst:
 
     def __init__(self, sampler, tokenizer):
         self.sampler = sampler
+        self.top_k, self.top_p = sampler.top_k, sampler.top_p  # the filters its sampled rows are drawn with
         self.eot = tokenizer.end_of_turn_id
         self.first_turn_eots = tokenizer.render_chat([(SYSTEM, "s"), (USER, "u")])[0].count(self.eot)
         self.call = tokenizer.encode(protocol.render_tool_call("delegate", {"task": TASK, "context": ""})) + [self.eot]
@@ -54,8 +55,8 @@ class DelegateFirst:
 _init = Trainer.__init__
 
 
-def _scripted_init(self, config, workdir):
-    _init(self, config, workdir)
+def _scripted_init(self, config, workdir, role="colocated"):
+    _init(self, config, workdir, role)
     if self.engine.top.sampler is not None and self.engine.top.can_delegate:
         self.engine.top.sampler = DelegateFirst(self.engine.top.sampler, self.tokenizer)
 

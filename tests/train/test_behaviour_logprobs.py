@@ -44,9 +44,11 @@ def on_policy_batch(sampler, temperature, seed, rows=ROWS, max_new=MAX_NEW, seq_
         episode.extend(prompt)
         n = int(out.lengths[i])
         episode.extend(out.tokens[i, :n], trained=True, logprobs=out.logprobs[i, :n])
+        episode.temperature = float(np.broadcast_to(temperature, (rows,))[i])
+        episode.top_k, episode.top_p = sampler.top_k, sampler.top_p
         row.append(episode)
     advantages = rng.normal(size=rows).astype(np.float32)
-    return batches.top_batch([row], advantages, seq_len, pad_id=0, temperature=temperature)
+    return batches.top_batch([row], advantages, seq_len, pad_id=0)
 
 
 @pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (5, 1.0), (0, 0.8)])

@@ -15,9 +15,10 @@ from mgrpo_jax.train.state import create_agent_state, model_from_state
 from mgrpo_jax.train.step import make_logprob_fn
 
 
-def _learner(tiny_cfg, mesh, kl_coef: float, estimator: str = "k3", seed: int = 0) -> Learner:
+def _learner(tiny_cfg, mesh, kl_coef: float, estimator: str = "k3", seed: int = 0, loss: str = "grpo") -> Learner:
     config = get_config("xbench", "smoke").main
     config.loss_hparams.kl_coef, config.loss_hparams.kl_estimator = kl_coef, estimator
+    config.loss = loss  # the learner builds its policy step with the loss it is given
     graphdef, state, sharding = create_agent_state(tiny_cfg, config.optim, mesh, seed=seed)
     sampler = Sampler(model_from_state(graphdef, state), pad_id=0)
     return Learner("main", config, tiny_cfg, mesh, graphdef, state, sharding, sampler)
@@ -47,8 +48,7 @@ def test_a_loss_chosen_by_config_uses_its_own_defaults(tiny_cfg, mesh1, name):
     ("gspo", (3e-4, 4e-4), "sequence-mean", "seq-mean-token-mean")])
 def test_the_step_trains_with_the_losses_clip_range(tiny_cfg, mesh1, batch_factory, name, clip_range, ratio_level,
                                                     aggregation):
-    learner = _learner(tiny_cfg, mesh1, kl_coef=0.0)
-    learner.config.loss = name
+    learner = _learner(tiny_cfg, mesh1, kl_coef=0.0, loss=name)
     hparams = learner.loss_hparams
     assert ((hparams["eps_low"], hparams["eps_high"]), hparams["ratio_level"], hparams["aggregation"]) == \
         (clip_range, ratio_level, aggregation)

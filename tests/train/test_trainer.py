@@ -9,6 +9,11 @@ import numpy as np
 import pytest
 
 from mgrpo_jax.config import get_config
+from mgrpo_jax.core import mgrpo_targets
+from mgrpo_jax.rollout import batches
+from mgrpo_jax.rollout.rewards import rollout_arrays
+from mgrpo_jax.train import system
+from mgrpo_jax.train.exchange import MainStep
 from mgrpo_jax.train.metrics import read_jsonl
 from mgrpo_jax.train.trainer import Trainer
 
@@ -174,3 +179,35 @@ def test_compact_system_runs_end_to_end(tmp_path, mode):
     assert 0.0 <= summary[f"{top}/reward"] <= 1.0 and "eval/eval_xbench/accuracy" in summary
     lines = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
     assert lines and all(isinstance(t, str) for line in lines for t in line["turns"])
+
+
+def test_a_temperature_override_travels_with_the_episodes_and_trains_at_ratio_one(tmp_path):
+    """`engine.run(temperature=0.7)` on a config sampling at 1: the episodes record 0.7, the sides' batches take it
+    from there, and both agents' updates on them are on-policy (every importance ratio 1)."""
+    config = _smoke(steps=1)
+    config.warmstart.steps = 0
+    assert config.rollout.temperature == 1.0
+    trainer = Trainer(config, str(tmp_path))
+    questions = next(trainer.iterator)
+    rollout = trainer.engine.run(questions, config.rollout.samples, seed=3, temperature=0.7)
+    assert {e.temperature for e in rollout.episodes()} == {0.7}
+    # The main side's rows and update, from the override's rollout and its judges' arrays.
+    judge = system.reward_judge(config, trainer.env)
+    arrays = rollout_arrays(rollout, judge, trainer.engine.top.tool_names, trainer.engine.sub.tool_names,
+                            trainer.engine.grammar, calls=config.rollout.max_sub_calls)
+    targets = jax.device_get(mgrpo_targets(arrays, jax.random.key(0), trainer.targets_config))
+    stats = {k: float(v) for k, v in targets.stats.items()}
+    _, rows = trainer.main.rows(MainStep(rollout, arrays, {}), targets, stats, 0)
+    np.testing.assert_allclose(rows["temperature"], 0.7)
+    metrics = trainer.main.update(rows)
+    assert metrics["main/train/ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["main/train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    # The sub-agent's rows the same way (the untrained main agent seldom delegates: sub-episodes of their own).
+    subs = [trainer.engine.start_sub(f"task {i}", question_index=0, rollout=i, invocation=0) for i in range(4)]
+    trainer.engine.run_subs(subs, seed=5, temperature=0.7)
+    sub = trainer.agents["sub"]
+    sub_rows = batches.top_batch([subs], np.linspace(-1, 1, 4), sub.config.context_tokens, sub.tokenizer.pad_id)
+    np.testing.assert_allclose(sub_rows["temperature"], 0.7)
+    metrics = sub.train(sub_rows)
+    assert metrics["sub/train/ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["sub/train/ratio_max"] == pytest.approx(1.0, abs=1e-5)

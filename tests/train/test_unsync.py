@@ -157,7 +157,9 @@ def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
     main_correct = np.asarray([[1.0, 0.0], [0.0, 1.0]], np.float32)
     call_reward = _call_reward(_arrays(fmt, expert, main_correct))
     versions = {(q, k, i): 10 * q + k + i for q in range(2) for k in range(2) for i in range(5)}
-    records = unsync.step_records(rollout, call_reward, step=3, versions=versions, temperature=0.7)
+    for e in rollout.episodes("sub"):  # the settings the engine drew each sub-episode with
+        e.temperature, e.top_k, e.top_p = 0.7, 5, 0.9
+    records = unsync.step_records(rollout, call_reward, step=3, versions=versions)
     assert [(r.query, r.rollout, r.invocation) for r in records] == [
         (0, 0, 0), (0, 0, 1), (0, 0, 2), (1, 0, 0), (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3), (1, 1, 4)]
     for r in records:
@@ -165,22 +167,21 @@ def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
         want = (0.1 + 0.4 * main_correct[q, k] + 0.5 * expert[q][k][i]) if fmt[q][k][i] else 0.0
         assert r.payload["reward"] == pytest.approx(want)
         assert r.policy_version == versions[(q, k, i)] and r.step == 3
-        assert r.payload["temperature"] == 0.7
+        assert (r.payload["temperature"], r.payload["top_k"], r.payload["top_p"]) == (0.7, 5, 0.9)
         assert r.payload["tokens"] == top[q][k].subs[i].tokens
         assert len(r.payload["old_logprobs"]) == len(r.payload["loss_mask"]) == len(r.payload["tokens"])
-    same = unsync.step_records(rollout, call_reward, step=3, versions=4, temperature=1.0)
+    same = unsync.step_records(rollout, call_reward, step=3, versions=4)
     assert {r.policy_version for r in same} == {4}
     empty = RolloutBatch([None], [[_episode(0, 0, [])]])
-    assert unsync.step_records(empty, np.zeros((1, 1, 1)), 0, 0, 1.0) == []
+    assert unsync.step_records(empty, np.zeros((1, 1, 1)), 0, 0) == []
 
 
 @pytest.mark.slow
 def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
-    """The run loop's sub side (`sides.sub_rows` -> `unsync.unsync_step` -> `Learner.train`) on sub-trajectories sampled
-    by the sub agent's own sampler at the rollout temperature: a chunk of fresh records trains at ratio 1, and
-    the FIFO keeps up with varying delegation counts."""
+    """The run loop's sub side (`UnsyncSubSide.rows` -> `unsync.unsync_step` -> `Learner.train`) on sub-
+    trajectories sampled by the sub agent's own sampler at the rollout temperature: a chunk of fresh records
+    trains at ratio 1, and the FIFO keeps up with varying delegation counts."""
     from mgrpo_jax.config import get_config
-    from mgrpo_jax.train import sides
     from mgrpo_jax.train.exchange import SubStep
     from mgrpo_jax.train.trainer import Trainer
 
@@ -197,7 +198,7 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
     def sub_side(rollout, arrays):
         targets = jax.device_get(mgrpo_targets(arrays, jax.random.key(trainer.step), trainer.targets_config))
         stats = {k: float(v) for k, v in targets.stats.items()}
-        return sides.sub_rows(trainer, SubStep(rollout, arrays, int(sub.state.step)), targets, stats)
+        return trainer.sub.rows(SubStep(rollout, arrays, sub.version), targets, stats, trainer.step)
 
     def rollout_with(counts, main_correct):
         prompts = [list(rng.integers(5, 200, int(rng.integers(4, 9)))) for _ in range(int(counts.sum()))]
@@ -213,6 +214,7 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
                     e.extend(prompts[n])
                     length = int(out.lengths[n])
                     e.extend(out.tokens[n, :length], trained=True, logprobs=out.logprobs[n, :length])
+                    e.temperature = config.rollout.temperature
                     main.subs.append(e)
                     n += 1
                 top[q].append(main)
