@@ -103,3 +103,49 @@ def test_absl_handler_is_routed_above_the_bars():
         assert handler in logger.handlers
     finally:
         logger.removeHandler(handler)
+
+
+def _screen(out: io.StringIO) -> list[str]:
+    """The last frame of the bars: the lines after the last cursor movement, without escape codes."""
+    import re
+
+    frame = out.getvalue().rsplit("\x1b[1A", 1)[-1]
+    return [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).split("\n") if line.strip()]
+
+
+def test_at_80_columns_the_bars_keep_bar_step_count_and_eta_and_drop_the_figures_first(monkeypatch):
+    clock = iter(float(t) for t in range(0, 1000, 2))  # one step every 2 s
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    figures = {"main/reward": 0.25, "main/correct": 0.5, "sub/reward": 0.125, "time/step_s": 16.0}
+    with RunProgress(console=console) as run:
+        rl = run.phase("RL", 200)
+        for done in range(1, 27):
+            rl.update(done, **figures)
+        evaluation = run.phase("eval at step 26", 6)
+        evaluation.update(2, accuracy=0.5)
+        run._progress.refresh()
+        line = rl.line(**figures)
+    lines = _screen(out)
+    assert len(lines) == 2 and all(len(text) <= 80 for text in lines), lines
+    rl_line, eval_line = lines
+    assert line.endswith("| ETA 5m48s")  # 174 steps left at 2 s
+    assert rl_line.startswith("RL ") and "━" in rl_line and "26/200" in rl_line and "ETA 5m48s" in rl_line
+    assert "main/reward 0.25" in rl_line and "time/step_s" not in rl_line  # the figures gave way
+    assert "eval at step 26" in eval_line and "2/6" in eval_line and "ETA -" in eval_line  # no pace yet
+
+
+def test_the_log_records_above_the_bars_keep_their_handler_format():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    logger, handler = logging.getLogger(), logging.StreamHandler(progress_module.sys.stderr)
+    handler.setFormatter(logging.Formatter("FMT %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    try:
+        with RunProgress(console=console) as run:
+            run.phase("RL", 3)
+            logging.getLogger("mgrpo_jax.test").warning("above the bars")
+    finally:
+        logger.removeHandler(handler)
+    assert "FMT WARNING mgrpo_jax.test: above the bars" in out.getvalue()
