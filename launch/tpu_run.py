@@ -38,7 +38,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
 
 from mgrpo_jax.config import BENCHMARKS, MODES, OPEN_SECTIONS, PRESETS  # noqa: E402
-from mgrpo_jax.train.launch import UsageError  # noqa: E402
+from mgrpo_jax.train.launch import UsageError, choose_platform  # noqa: E402
+
+CHOSEN_PLATFORM = choose_platform()  # before anything starts JAX's backends
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped on a signal with a checkpoint written; rerun to resume
@@ -234,7 +236,7 @@ def _parse_flags_or_exit(argv: list[str]) -> list[str]:
 def main(argv):
     del argv
     config, workdir, role = _CONFIG.value, _WORKDIR.value, _ROLE.value
-    from mgrpo_jax.train.launch import check, check_meshes, execute, log_to_file
+    from mgrpo_jax.train.launch import check, check_meshes, execute, log_to_file, log_to_screen
 
     try:  # on every process, before jax.distributed and before anything is built
         check(config, workdir, role)
@@ -257,15 +259,15 @@ def main(argv):
         check_meshes(config, role)
     except UsageError as e:
         _exit_usage(e)
-    level = logging.INFO if jax.process_index() == 0 else logging.ERROR  # only process 0 logs progress
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(level)  # absl's handler may already be installed, making basicConfig a no-op
+    log_to_screen(logging.INFO if jax.process_index() == 0 else logging.ERROR)  # only process 0 logs progress
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every checkpoint file at INFO
     if jax.process_index() == 0:
         log_to_file(workdir, role)
+    chosen = ": no accelerator found, set JAX_PLATFORMS to choose" if CHOSEN_PLATFORM else ""
     logging.getLogger("mgrpo_jax").info(
-        "preset %s (%s backend, %d devices, %d processes), mode %s, benchmark %s, workdir %s", config.preset,
-        jax.default_backend(), jax.device_count(), jax.process_count(), config.mode, config.benchmark, workdir)
+        "preset %s (%d devices, %d processes, %s backend%s), mode %s, benchmark %s, workdir %s", config.preset,
+        jax.device_count(), jax.process_count(), jax.default_backend(), chosen, config.mode, config.benchmark,
+        workdir)
 
     _, status = execute(config, workdir, role=role)
     if status == "preempted":

@@ -108,6 +108,9 @@ class AppendFile:
         self.close()
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # run.log's, and the launcher's on screen
+
+
 class LogFileHandler(logging.Handler):
     """A logging handler that appends records to `path`, local or remote (remote: flushed every 10 s and at
     exit)."""
@@ -116,7 +119,7 @@ class LogFileHandler(logging.Handler):
         super().__init__(level)
         self.file = AppendFile(path, flush_every_s=10.0 if is_remote(path) else 0.0)
         self.baseFilename = str(self.file.path)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

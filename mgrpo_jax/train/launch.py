@@ -8,10 +8,12 @@ one `error:` message and exit status 2.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import socket
+import sys
 import uuid
 
 from mgrpo_jax.config import validate
@@ -26,6 +28,46 @@ LOG_FILE = "run.log"  # every log record of the run, one line each (launch/tpu_r
 class UsageError(ValueError):
     """A problem with what the user passed (config, workdir, benchmark files), found before anything is built.
     The message is complete on its own: it names the input and says what is wrong."""
+
+
+# What shows a TPU: its device files (/dev/accel* up to v5e, /dev/vfio/<n> from v5p) or the variables a TPU VM or
+# pod sets. GPUs are not chosen against: only libtpu's failed probe is the noise this avoids.
+TPU_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_NAME", "TPU_PROCESS_BOUNDS",
+           "CLOUD_TPU_TASK_ID")
+ACCELERATOR_DEVICES = ("accel*", "vfio/[0-9]*", "nvidia[0-9]*", "kfd")
+
+
+def choose_platform(environ=os.environ, dev: str = "/dev") -> str | None:
+    """Runs JAX on the CPU when this machine has no accelerator, before JAX starts its backends: with libtpu
+    installed (requirements-tpu.txt) and no TPU, JAX would probe it and print libtpu's errors first. A TPU VM
+    (its device files or its environment) keeps its TPU, and a JAX_PLATFORMS the user set, even empty, wins.
+    Returns the platform chosen, or None when JAX chooses."""
+    if "JAX_PLATFORMS" in environ or any(environ.get(name) for name in TPU_ENV):
+        return None
+    if any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_DEVICES):
+        return None
+    environ["JAX_PLATFORMS"] = "cpu"  # also for the processes this one starts
+    if "jax" in sys.modules:  # imported already: its config read the variable then
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
+    return "cpu"
+
+
+def log_to_screen(level: int) -> logging.Handler:
+    """One handler on stderr, in run.log's format, in place of absl's (app.run installs it, with another
+    format): the screen shows one format, and the progress bars print records above them in it. Libraries'
+    DEBUG records (bm25s logs at DEBUG whatever the root's level) stay off the screen."""
+    from absl import logging as absl_logging
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, absl_logging.ABSLHandler) or type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter(files.LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler
 
 
 def check_workdir(workdir: str) -> None:

@@ -17,6 +17,7 @@ from mgrpo_jax.train.launch import (
     check,
     check_benchmark_files,
     check_workdir,
+    choose_platform,
     enable_compilation_cache,
 )
 
@@ -177,6 +178,51 @@ def test_help_lists_presets_modes_overrides_and_exit_status():
     for text in ("smoke, local, figures, paper", "mgrpo, frozen_sub, single_agent, mgrpo_unsync",
                  "--config.FIELD=VALUE", "--noconfig.", "Exit status", "experiments/gaia.py", "--workdir"):
         assert text in shown, text
+
+
+# ---- the platform and the first line ----
+
+
+def test_choose_platform_runs_on_the_cpu_only_without_an_accelerator(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "tty0").write_text("")
+    environ = {}
+    assert choose_platform(environ, str(dev)) == "cpu" and environ["JAX_PLATFORMS"] == "cpu"
+    assert jax.config.jax_platforms == "cpu"  # jax is imported here: its config follows (conftest chose cpu too)
+    for given in ({"JAX_PLATFORMS": ""}, {"JAX_PLATFORMS": "tpu"}, {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}):
+        environ = dict(given)
+        assert choose_platform(environ, str(dev)) is None and environ == given  # the user's or the VM's choice
+    for device in ("accel0", "vfio/0"):  # a TPU VM: v4 / v5e, v5p / v6e
+        (dev / device).parent.mkdir(exist_ok=True)
+        (dev / device).write_text("")
+        assert choose_platform({}, str(dev)) is None
+        (dev / device).unlink()
+
+
+@pytest.mark.slow
+def test_the_first_line_names_the_preset_and_no_tpu_noise_without_a_tpu(tmp_path):
+    """With libtpu installed (requirements-tpu.txt) and no TPU, JAX_PLATFORMS unset: no libtpu line on stderr,
+    one log format, and the first line names the preset."""
+    import importlib.util
+    import re
+
+    if importlib.util.find_spec("libtpu") is None or choose_platform({}, "/dev") is None:
+        pytest.skip("needs libtpu installed on a machine without an accelerator")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    result = subprocess.run([sys.executable, str(LAUNCH), "--config=experiments/xbench.py:smoke",
+                             f"--workdir={tmp_path / 'run'}", "--config.train.steps=1", "--config.train.eval_every=0",
+                             "--config.warmstart.steps=0"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stderr.splitlines()
+    assert not [line for line in lines if re.search(r"\btpu\b|libtpu|jellyfish|InitGoogle", line, re.I)], lines[:10]
+    assert lines[0].split(": ", 1)[1].startswith("preset smoke ("), lines[0]
+    assert "cpu backend: no accelerator found, set JAX_PLATFORMS to choose" in lines[0]
+    records = [line for line in lines if not line.startswith(" ")]  # the outputs' list continues its record
+    one_format = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) \S+: ")
+    assert all(one_format.match(line) for line in records), records
+    assert "Building index" not in result.stderr  # bm25s's DEBUG records
 
 
 # ---- launch.check in-process ----
