@@ -210,7 +210,8 @@ def write_tokenizer_files(tok: ChatTokenizer, source: str | os.PathLike | None, 
             raise ValueError("write_tokenizer_files: source=None needs a SentencePiece Tokenizer")
         (out / "tokenizer.model").write_bytes(tok.serialize())
         controls = {"bos_token": tok.bos_id, "eos_token": tok.eos_id, "pad_token": tok.pad_id, "unk_token": tok.unk_id}
-        config = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": False,
+        # GemmaTokenizer appends a "<mask>" token unless told there is none: one entry past the model's vocabulary.
+        config = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": False, "mask_token": None,
                   **{k: tok.id_to_piece(i) for k, i in controls.items() if i >= 0}}
         if tok.chat_format is not None and tok.chat_format.name in CHAT_TEMPLATES:
             config["chat_template"] = CHAT_TEMPLATES[tok.chat_format.name]

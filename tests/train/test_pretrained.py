@@ -161,8 +161,8 @@ def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
         "content"] == "<answer>"
 
 
-def test_export_cli_names_a_missing_agent(tmp_path):
-    with pytest.raises(FileNotFoundError, match="--agent='nope'"):
+def test_export_names_a_workdir_without_agents(tmp_path):
+    with pytest.raises(export.ExportError, match="not a run's workdir"):
         export.export_checkpoint(str(tmp_path), "nope", str(tmp_path / "out"))
 
 
