@@ -40,6 +40,7 @@ class Reply:
     body: Any = b""  # bytes, str, or anything JSON-serialisable
     content_type: str = "application/json"
     delay_s: float = 0.0  # wait this long before answering (a slow service)
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. {"Retry-After": "2"}
 
     def encoded(self) -> bytes:
         if isinstance(self.body, bytes):
@@ -75,6 +76,8 @@ class LoopbackServer:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", reply.content_type)
                     self.send_header("Content-Length", str(len(body)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(body)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left

@@ -2,7 +2,10 @@
 
 `ServiceClient` sends GET and JSON POST requests with a socket timeout per attempt, and retries what a later attempt
 may fix (refused or dropped connections, timeouts, HTTP 408/429/5xx, and replies its caller's `read` rejects as
-malformed) with jittered exponential back-off (`mgrpo_jax.store.retry`). A service that stays unavailable raises
+malformed) with jittered exponential back-off (`mgrpo_jax.store.retry`). A retryable status with a `Retry-After`
+header (seconds or an HTTP-date) waits that long instead when it is longer, at most `RETRY_AFTER_MAX_S`: a
+throttled endpoint is not hammered on the client's own clock, and one that asks for an hour does not stall the
+run for it (the attempts and the deadline still bound the whole). A service that stays unavailable raises
 `ServiceError`, naming the service, its URL without query or credentials, the last failure and the attempts made.
 Other HTTP statuses are returned for the caller to interpret (a reader's 404: no such page).
 
@@ -15,6 +18,7 @@ checkpoints never hold it.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import logging
@@ -25,7 +29,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mgrpo_jax.store.retry import RetryPolicy, call_with_retry, is_transient
@@ -33,6 +37,7 @@ from mgrpo_jax.store.retry import RetryPolicy, call_with_retry, is_transient
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 DEFAULT_RETRY = RetryPolicy(max_attempts=4, initial_s=1.0, max_delay_s=16.0, deadline_s=600.0)
+RETRY_AFTER_MAX_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +51,34 @@ class MalformedReply(ValueError):
 
 
 class _RetryableStatus(Exception):
-    def __init__(self, status: int):
+    def __init__(self, status: int, retry_after_s: float | None = None):
         super().__init__(f"HTTP {status}")
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """The wait a `Retry-After` header value asks for, in seconds, capped at `RETRY_AFTER_MAX_S`: delay-seconds, or
+    an HTTP-date (a date in the past: 0); None when absent or unreadable (the back-off's own delay applies)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            date = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if date.tzinfo is None:  # RFC 9110 dates are GMT; a zone-less one is read as such
+            return None
+        seconds = date.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
+
+
+def _wait_hint(error: BaseException) -> float | None:
+    return error.retry_after_s if isinstance(error, _RetryableStatus) else None
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,7 @@ class Response:
     status: int
     body: bytes
     content_type: str
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -80,6 +112,10 @@ def _retryable(error: BaseException) -> bool:
     if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):
         return isinstance(error.reason, OSError)  # refused, reset, timed out, name not resolved
     return is_transient(error)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    return next((value for key, value in headers.items() if key.lower() == name.lower()), None)
 
 
 def _reason(error: BaseException, timeout_s: float) -> str:
@@ -126,10 +162,12 @@ class ServiceClient:
             request.add_header("Authorization", f"Bearer {self._api_key}")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return Response(response.status, response.read(), response.headers.get_content_type())
+                return Response(response.status, response.read(), response.headers.get_content_type(),
+                                dict(response.headers.items()))
         except urllib.error.HTTPError as error:
             content_type = error.headers.get_content_type() if error.headers else ""
-            return Response(error.code, error.read() if error.fp else b"", content_type)
+            return Response(error.code, error.read() if error.fp else b"", content_type,
+                            dict(error.headers.items()) if error.headers else {})
 
     def _send(self, make_request: Callable[[], urllib.request.Request], url: str,
               read: Callable[[Response], T] | None) -> Response | T:
@@ -143,8 +181,10 @@ class ServiceClient:
                 self.retries += tries > 1
             response = self._open(make_request())
             if response.status in RETRY_STATUSES:
-                log.debug("%s answered HTTP %d (try %d)", self.service, response.status, tries)
-                raise _RetryableStatus(response.status)
+                wait = retry_after_s(_header(response.headers, "Retry-After"))
+                log.debug("%s answered HTTP %d (try %d, Retry-After %s)", self.service, response.status, tries,
+                          wait)
+                raise _RetryableStatus(response.status, wait)
             return response if read is None else read(response)
 
         def give_up(error: BaseException, n: int) -> ServiceError:
@@ -154,7 +194,7 @@ class ServiceClient:
             return ServiceError(f"the {self.service} {verb} ({_reason(error, self.timeout_s)}; {n} attempt"
                                 f"{'s' if n > 1 else ''} in {time.monotonic() - started:.1f} s, {public_url(url)})")
 
-        return call_with_retry(attempt, self.retry, give_up, retryable=_retryable)
+        return call_with_retry(attempt, self.retry, give_up, retryable=_retryable, wait_hint=_wait_hint)
 
 
 class ChatEndpoint:

@@ -83,9 +83,11 @@ class PollPolicy:
 def call_with_retry(
     fn: Callable[[], T], policy: RetryPolicy, on_giveup: Callable[[BaseException, int], Exception],
     retryable: Callable[[BaseException], bool] = is_transient,
+    wait_hint: Callable[[BaseException], float | None] | None = None,
 ):
     """Calls ``fn`` until it succeeds, retrying the errors ``retryable`` accepts (transient store errors by
-    default); ``on_giveup(exc, n)`` builds the error."""
+    default); ``on_giveup(exc, n)`` builds the error. ``wait_hint(exc)``: how long the failed service asked to
+    be left alone (an HTTP ``Retry-After``), waited instead of the back-off's delay when longer."""
     start = time.monotonic()
     delays = policy.delays()
     attempt = 0
@@ -97,6 +99,9 @@ def call_with_retry(
             if not retryable(exc):
                 raise on_giveup(exc, attempt) from exc
             delay = next(delays)
+            hint = wait_hint(exc) if wait_hint is not None else None
+            if hint is not None:
+                delay = max(delay, hint)
             out_of_time = time.monotonic() - start + delay > policy.deadline_s
             if attempt >= policy.max_attempts or out_of_time:
                 raise on_giveup(exc, attempt) from exc

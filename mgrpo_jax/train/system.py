@@ -97,15 +97,22 @@ def page_chars(config, agent: str) -> int | None:
     return int(config.env.visit_max_chars) or int(config[agent].context_tokens) * CHARS_PER_TOKEN
 
 
+def judge_endpoint(config) -> ChatEndpoint | None:
+    """The LLM at `env.judge_url` (None when unset): what rewards and evaluation are judged by."""
+    e = config.env
+    if not e.judge_url:
+        return None
+    client = ServiceClient("judge endpoint", api_key=api_key_from_env(e.judge_api_key_env), **service_settings(config))
+    return ChatEndpoint(e.judge_url, e.judge_model, client, int(e.judge_max_tokens))
+
+
 def reward_judge(config, env: OfflineEnvironment | CompactEnvironment) -> RewardJudge:
     """The judge of r_correct and r_expert: the world's rule-based judges, or the LLM at `env.judge_url`. Built per
     step (cheap: no connection is kept), so its `metrics()` are the step's."""
-    e = config.env
-    if not e.judge_url:
+    endpoint = judge_endpoint(config)
+    if endpoint is None:
         return RuleJudge(env.judge.score)
-    client = ServiceClient("judge endpoint", api_key=api_key_from_env(e.judge_api_key_env), **service_settings(config))
-    return HttpJudge(ChatEndpoint(e.judge_url, e.judge_model, client, int(e.judge_max_tokens)),
-                     answer_prompt(config.benchmark), concurrency=int(e.judge_concurrency))
+    return HttpJudge(endpoint, answer_prompt(config.benchmark), concurrency=int(config.env.judge_concurrency))
 
 
 def noise_config(config) -> NoiseConfig | CompactNoise:

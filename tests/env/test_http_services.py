@@ -2,11 +2,13 @@
 verdicts, its batches, retries, timeouts and failures, the page reader, the config fields, the API key kept out of
 every message, and a `smoke` run whose search, visit and judge all go over HTTP."""
 
+import email.utils
 import json
 import logging
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -19,11 +21,11 @@ from mgrpo_jax.env.loopback import LoopbackServer, Reply, chat_judge, chat_reply
 from mgrpo_jax.env.prompts import SYSTEM, USER
 from mgrpo_jax.env.protocol import render_answer, render_tool_call
 from mgrpo_jax.env.scoring import EQUIVALENCE_PROMPT, EXPERT_PROMPT, XBENCH_PROMPT
-from mgrpo_jax.env.services import ChatEndpoint, ServiceClient, public_url
+from mgrpo_jax.env.services import RETRY_AFTER_MAX_S, ChatEndpoint, ServiceClient, public_url, retry_after_s
 from mgrpo_jax.env.tools import HttpPageBackend, VisitTool, WebPage
 from mgrpo_jax.sampling.sampler import SampleOutput
 from mgrpo_jax.store.retry import RetryPolicy
-from mgrpo_jax.train import system
+from mgrpo_jax.train import evaluation, system
 from mgrpo_jax.train.metrics import read_jsonl
 from mgrpo_jax.train.trainer import Trainer
 
@@ -148,6 +150,40 @@ def test_throttling_and_server_errors_are_retried(status):
         judge = _judge(server.url, concurrency=1)
         assert judge.correct(_answers("Brel")) == [1.0]
     assert len(server.requests) == 3 and judge.metrics()["judge/retries"] == 2
+
+
+@pytest.mark.parametrize("header", ["1", "date"])
+def test_a_retry_after_is_waited_instead_of_the_clients_back_off(header):
+    """QUICK's own back-off is 10-20 ms; the server's Retry-After (seconds, or an HTTP-date 2 s ahead, which its
+    one-second resolution makes 1-2 s) is what the second attempt waits for."""
+    value = header if header != "date" else email.utils.formatdate(time.time() + 2, usegmt=True)
+    with LoopbackServer(_scripted(Reply(429, {"error": "slow down"}, headers={"Retry-After": value}),
+                                  Reply(body=chat_reply("GRADE: CORRECT")))) as server:
+        start = time.perf_counter()
+        assert _judge(server.url, concurrency=1).correct(_answers("Brel")) == [1.0]
+        waited = time.perf_counter() - start
+    assert len(server.requests) == 2 and 0.9 <= waited < 5.0
+
+
+def test_retry_after_values():
+    now = 1_700_000_000.0
+    assert retry_after_s("3", now) == 3.0 and retry_after_s(" 0.5 ", now) == 0.5
+    assert retry_after_s(email.utils.formatdate(now + 7, usegmt=True), now) == 7.0
+    assert retry_after_s(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0  # already past
+    assert retry_after_s("86400", now) == retry_after_s(email.utils.formatdate(now + 86400, usegmt=True), now) \
+        == RETRY_AFTER_MAX_S == 60.0
+    for unreadable in (None, "", "soon", "Mon, 99 Foo 2026", "nan"):
+        assert retry_after_s(unreadable, now) is None, unreadable
+    assert retry_after_s("-4", now) == 0.0
+
+
+def test_a_retry_after_past_the_deadline_gives_up_at_once():
+    with LoopbackServer(_scripted(Reply(503, b"", headers={"Retry-After": "3600"}))) as server:
+        start = time.perf_counter()
+        with pytest.raises(JudgeError, match=r"HTTP 503; 1 attempt in"):
+            _judge(server.url, retry=RetryPolicy(max_attempts=3, initial_s=0.01, deadline_s=30.0)).correct(
+                _answers("Brel"))
+    assert time.perf_counter() - start < 2.0 and len(server.requests) == 1
 
 
 def test_an_endpoint_that_stays_down_fails_the_step_with_a_clear_error():
@@ -348,3 +384,46 @@ def test_a_smoke_run_with_http_search_visit_and_judge(tmp_path, monkeypatch, cap
     assert step["judge/calls"] == 2 * q_k
     saved = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.suffix in (".json", ".jsonl"))
     assert KEY not in saved and KEY not in caplog.text
+
+
+# ---------------------------------------------------------------- evaluation through the judge
+
+
+class _EvalEngine:
+    """Answers question i of every set with `answers[i]` (one run each), as `RolloutEngine.run` lays them out."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def run(self, questions, runs, seed=0):
+        return types.SimpleNamespace(top=[[types.SimpleNamespace(answer=self.answers[qi], question_index=qi)
+                                           for _ in range(runs)] for qi in range(len(questions))])
+
+
+def _evaluate(judge_url=None):
+    config = _http_config({"judge_url": judge_url} if judge_url else None)
+    config.train.eval_runs, config.train.eval_questions = 1, 0
+    questions = [_Question(f"q-{i}", f"Where was person {i} born?", "Varn") for i in range(3)]
+    env = types.SimpleNamespace(questions=types.SimpleNamespace(split=lambda name: questions))
+    return evaluation.evaluate(config, env, _EvalEngine(["varn", "the town of Varn", None]), step=0)
+
+
+def test_evaluation_is_judged_by_the_configured_judge_after_the_exact_match():
+    seen = []
+
+    def verdict(system_message, user):
+        seen.append(system_message)
+        return "结论: 正确" if system_message == XBENCH_PROMPT.system else "GRADE: CORRECT"
+
+    with LoopbackServer(chat_judge(verdict)) as server:
+        judged = _evaluate(server.url + "/v1")
+    # "varn" is an exact match (no call), "the town of Varn" is judged correct, no answer is wrong without a call;
+    # GAIA keeps its own exact match.
+    assert judged == pytest.approx({"eval/eval_gaia/accuracy": 1 / 3, "eval/eval_xbench/accuracy": 2 / 3,
+                                    "eval/eval_webwalker/accuracy": 2 / 3})
+    assert sorted(seen) == sorted([XBENCH_PROMPT.system, EQUIVALENCE_PROMPT.system])
+    assert "the town of Varn" in server.requests[0].json()["messages"][1]["content"]
+
+
+def test_evaluation_without_a_judge_is_exact_match():
+    assert set(_evaluate().values()) == {1 / 3}
