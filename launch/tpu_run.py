@@ -19,7 +19,8 @@ benchmark files (`--config.env.benchmark_path`). A usage error prints one `error
 config: that line, then one indented line per problem) and no traceback. Anything else that stops a run is a
 bug or a failure of the machine, and shows its traceback (exit status 1). A run stopped by SIGTERM (a TPU VM's
 preemption notice) or Ctrl-C writes a checkpoint and exits with status 75 (EX_TEMPFAIL: run the same command again
-to resume); a second Ctrl-C stops at once.
+to resume); a second Ctrl-C stops at once, drops the checkpoint being written and exits with status 130 (the
+same command resumes from the newest complete checkpoint). Every stop writes `summary.json` with its status.
 """
 
 import difflib
@@ -44,6 +45,7 @@ CHOSEN_PLATFORM = choose_platform()  # before anything starts JAX's backends
 
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped on a signal with a checkpoint written; rerun to resume
+EXIT_AT_ONCE = 130  # 128 + SIGINT: a second Ctrl-C; rerun to resume from the newest complete checkpoint
 DEFAULT_CONFIG = "experiments/xbench.py"
 EXPERIMENT_FILES = tuple(f"experiments/{b}.py" for b in BENCHMARKS)
 _HELP = ("-?", "-h", "--help", "-help", "--helpshort", "-helpshort", "--helpfull", "-helpfull", "--helpxml",
@@ -269,8 +271,13 @@ def main(argv):
         jax.device_count(), jax.process_count(), jax.default_backend(), chosen, config.mode, config.benchmark,
         workdir)
 
+    from mgrpo_jax.train.launch import AT_ONCE
+
     _, status = execute(config, workdir, role=role)
-    if status == "preempted":
+    if status == AT_ONCE:  # without waiting for Orbax's threads, whose save was cut off and its files removed
+        logging.shutdown()
+        os._exit(EXIT_AT_ONCE)
+    if status in ("interrupted", "preempted"):
         sys.exit(EXIT_PREEMPTED)
 
 

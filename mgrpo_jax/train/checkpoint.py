@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +46,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 HOST_ITEM = "host_state"
+CHECKPOINTS = "checkpoints"  # the RL checkpoints' folder in the workdir
+TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax writes a step here, renamed to the step once complete
+SETTLE_S = 60.0  # how long a second Ctrl-C waits for the checkpoint files already being written
 log = logging.getLogger(__name__)
+_open: weakref.WeakSet = weakref.WeakSet()  # every open Checkpointer, for `settle`
 
 
 class Checkpointer:
@@ -56,16 +61,18 @@ class Checkpointer:
     """
 
     def __init__(self, workdir: str | epath.PathLike, keep: int | None = 3, save_every: int = 1, *,
-                 subdir: str = "checkpoints", async_save: bool = True):
+                 subdir: str = CHECKPOINTS, async_save: bool = True):
         self.directory = epath.Path(workdir) / subdir
         self.save_every = max(int(save_every), 1)
         # Directories are created before the save returns: with orbax 0.12's background creation, the step's
         # temporary directory can appear (as the parent of an item's) before the step-level creator checks for
         # it, which then deletes it under the item's writer ("Directory not empty: 'd'", seen under load).
+        # cleanup_tmp_directories: a save cut off by a kill or a second Ctrl-C leaves its temporary directory
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+            max_to_keep=keep, enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        _open.add(self)
 
     # -- queries ------------------------------------------------------------------------------------
 
@@ -141,12 +148,53 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+        _open.discard(self)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def complete_steps(directory: str | epath.PathLike) -> list[int]:
+    """The steps of the complete checkpoints in `directory` (not those Orbax is still writing), without opening
+    a manager: what a rerun resumes from."""
+    path = epath.Path(directory)
+    if not path.exists():
+        return []
+    return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def settle(timeout_s: float = SETTLE_S) -> bool:
+    """After a second Ctrl-C: waits (at most `timeout_s`) for the saves that Orbax's threads are writing, so that
+    nothing writes into the folders `discard_partial` then cleans; a save the interrupt cut off before its
+    writes began has nothing to wait for. Returns whether they all ended in time (else the launcher's exit stops
+    them, and the next run's Checkpointer removes what they left)."""
+
+    def wait_all():
+        for checkpointer in list(_open):
+            try:
+                checkpointer.wait()
+            except Exception:  # noqa: BLE001 - a save cut off midway may fail any way; discard_partial cleans up
+                pass
+
+    waiter = threading.Thread(target=wait_all, daemon=True, name="settle-checkpoints")
+    waiter.start()
+    waiter.join(timeout_s)
+    return not waiter.is_alive()
+
+
+def discard_partial(directory: str | epath.PathLike) -> list[str]:
+    """Removes the checkpoints Orbax had not finished writing in `directory` (a save cut off by a second Ctrl-C):
+    the complete ones stay the resume point. Returns the names removed."""
+    path = epath.Path(directory)
+    removed = []
+    for partial in list(path.iterdir()) if path.exists() else []:
+        if TMP_MARK in partial.name:
+            partial.rmtree(missing_ok=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+            removed.append(partial.name)
+    return removed
 
 
 def _abstract(tree):
@@ -186,7 +234,8 @@ def key_from_json(blob: Mapping) -> jax.Array:
 
 class PreemptionGuard:
     """Context manager: SIGTERM (a TPU VM's preemption notice) or SIGINT (Ctrl-C) sets a flag instead of killing
-    the process; a second Ctrl-C interrupts at once (KeyboardInterrupt).
+    the process; a second Ctrl-C interrupts at once (KeyboardInterrupt). `reason` names the stop for the run's
+    status: `interrupted` (Ctrl-C) or `preempted` (SIGTERM).
 
     The trainer polls ``should_stop()`` once per step, and on True saves a checkpoint (``force=True``) and
     exits cleanly. The previous handlers are restored on exit. Handlers can only be installed from the
@@ -210,8 +259,17 @@ class PreemptionGuard:
             raise KeyboardInterrupt
         self.received.append(signum)
         if not self._event.is_set():
-            log.warning("received signal %d: will checkpoint and stop at the end of this step", signum)
+            if signum == signal.SIGINT:
+                log.warning("Ctrl-C: stopping after this step with a checkpoint (run the same command to resume); "
+                            "Ctrl-C again stops at once, and the rerun resumes from the newest complete checkpoint")
+            else:
+                log.warning("%s (a preemption notice): stopping after this step with a checkpoint",
+                            signal.Signals(signum).name)
         self._event.set()
+
+    @property
+    def reason(self) -> str:
+        return "interrupted" if signal.SIGINT in self.received else "preempted"
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -194,9 +194,12 @@ def enable_compilation_cache(workdir: str) -> str | None:
     return path
 
 
+AT_ONCE = "interrupted at once"  # execute's status after a second Ctrl-C (summary.json says interrupted)
+
+
 def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
-    """(the last step's metrics, the run's status: finished, preempted or stopped). `colocated`: both agents in
-    this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
+    """(the last step's metrics, the run's status: finished, interrupted, preempted, stopped, or `AT_ONCE`).
+    `colocated`: both agents in this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
     check(config, workdir, role)  # bad inputs fail here, before anything is built
     check_meshes(config, role)
     enable_compilation_cache(workdir)
@@ -204,16 +207,19 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
 
     trainer = Trainer(config, workdir, role)  # an unknown role is a ValueError naming the three
     from mgrpo_jax.train import export  # each agent as an HF checkpoint: recorded now, exported when finished
+    from mgrpo_jax.train.metrics import update_summary_files
 
     export.record_agents(trainer.workdir, trainer.agents)
     summary = trainer.run()
     if trainer.status == "finished":
         export.export_agents(trainer)
+        if trainer.is_main_process:
+            update_summary_files(trainer.workdir)
     log.info("%s (%s): %s", trainer.status, role,
              {k: round(v, 4) for k, v in summary.items() if k.endswith(("/reward", "/accuracy")) and v is not None})
     if trainer.is_main_process:
         log.info("outputs:\n%s", "\n".join(f"  {label:<12} {path}" for label, path in outputs(trainer.workdir)))
-    return summary, trainer.status
+    return summary, AT_ONCE if trainer.at_once else trainer.status
 
 
 OUTPUTS = (("metrics", "metrics.jsonl"), ("tensorboard", "tb"), ("plot", "rewards.png"), ("checkpoints", "checkpoints"),

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -76,6 +76,12 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 def truncate_jsonl(path: str | os.PathLike, last_step: int) -> int:
     """Keep only the lines with ``step <= last_step`` (atomic rewrite); returns how many were dropped."""
+    return filter_jsonl(path, lambda rec: rec.get("step", -1) <= last_step)
+
+
+def filter_jsonl(path: str | os.PathLike, keep: Callable[[dict], bool]) -> int:
+    """Keep only the records for which ``keep`` is true, and no torn line (atomic rewrite); returns how many
+    were dropped."""
     text = files.read_text(path)
     if text is None:
         return 0
@@ -88,7 +94,7 @@ def truncate_jsonl(path: str | os.PathLike, last_step: int) -> int:
         except json.JSONDecodeError:
             dropped += 1
             continue
-        if rec.get("step", -1) <= last_step:
+        if keep(rec):
             kept.append(json.dumps(rec) + "\n")
         else:
             dropped += 1
@@ -160,12 +166,20 @@ class MetricWriter:
         the TensorBoard writer with ``purge_step = step + 1``. Returns the number of lines dropped."""
         if not self.enabled:
             return 0
-        self._file.close()
-        dropped = truncate_jsonl(self.jsonl_path, step)
-        self._file = files.AppendFile(self.jsonl_path)
+        dropped = self.drop(lambda rec: rec.get("step", -1) > step)
         if self._tb is not None:
             self._tb.close()
             self._tb = files.tensorboard_writer(self.tb_dir, int(step) + 1)
+        return dropped
+
+    def drop(self, stale: Callable[[dict], bool]) -> int:
+        """Drops the JSONL records for which ``stale`` is true (those a resumed run writes again: one record per
+        step, however often the run was stopped). Returns how many were dropped."""
+        if not self.enabled:
+            return 0
+        self._file.close()
+        dropped = filter_jsonl(self.jsonl_path, lambda rec: not stale(rec))
+        self._file = files.AppendFile(self.jsonl_path)
         return dropped
 
     def progress_line(self, step: int, values: Mapping[str, Any], now: float | None = None, *,
@@ -254,6 +268,7 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
     drawn (those found in the file); raises ValueError when none is."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     records = read_jsonl(jsonl_path)
     series = {}
@@ -276,6 +291,7 @@ def plot_curves(jsonl_path: str | os.PathLike, keys: Sequence[str], png_path: st
         ax.plot(steps, ema_curve(vals, ema), color="tab:blue", linewidth=2.0, label=f"EMA {ema:g}")
         ax.set_title(k)
         ax.set_xlabel("RL step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(k.rsplit("/", 1)[-1])
         ax.grid(alpha=0.3)
         if i == 0:
@@ -314,28 +330,128 @@ def best_metrics(jsonl_path: str | os.PathLike, suffixes: Sequence[str] = BEST_S
     return best
 
 
+RUN_FIRST = ("status", "step", "best", "files", "resume_from")  # the run record's keys a reader looks for first
+SUMMARY_FILES = ("metrics.jsonl", "tb", "rewards.png", "checkpoints", "transcripts.jsonl", "curriculum.json",
+                 "tokenizer.model", "run.log", "summary.json", "agents", "export")
+
+
+def run_panels(records: Sequence[Mapping], reward_keys: Sequence[str]) -> dict[str, dict[str, list]]:
+    """{panel title: {key: [(x, value)]}} of a run's figure: the rewards (`reward_keys`), the system's
+    correctness, the evaluations' accuracy (per RL step) and the warm-start losses (per warm-start step); a
+    panel without data is left out."""
+    def series(keep, step_key: str = "step") -> dict[str, list]:
+        out: dict[str, list] = {}
+        for r in records:
+            for k, v in r.items():
+                if step_key in r and keep(k) and isinstance(v, int | float) and not isinstance(v, bool):
+                    out.setdefault(k, []).append((r[step_key], v))
+        return out
+
+    panels = {"reward": series(lambda k: k in reward_keys),
+              "correctness (training episodes)": series(lambda k: k.endswith("/correct") and "/" not in k[:-8]),
+              "evaluation accuracy": series(lambda k: k.startswith("eval/") and k.endswith("/accuracy")),
+              "warm-start loss": series(lambda k: k.startswith("warmstart/") and k.endswith("/loss"),
+                                        "warmstart_step")}
+    return {title: found for title, found in panels.items() if found}
+
+
+def plot_run(jsonl_path: str | os.PathLike, reward_keys: Sequence[str], png_path: str | os.PathLike,
+             title: str | None = None, ema: float = 0.9) -> list[str]:
+    """The run's figure (`run_figure`) as a PNG. Returns the panels drawn; raises ValueError when there is none."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = run_figure(read_jsonl(jsonl_path), reward_keys, title, ema)
+    if fig is None:
+        raise ValueError(f"none of {list(reward_keys)}, correctness, accuracy or warm-start loss in {jsonl_path}")
+    FigureCanvasAgg(fig)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    files.write_atomic(png_path, png.getvalue())
+    return [ax.get_title() for ax in fig.axes]
+
+
+def run_figure(records: Sequence[Mapping], reward_keys: Sequence[str], title: str | None = None, ema: float = 0.9):
+    """A matplotlib Figure of `run_panels`, side by side: raw (faint) and EMA-smoothed rewards, correctness and
+    warm-start loss, the evaluations' accuracy as points; integer steps on the x axes (None without panels)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    panels = run_panels(records, reward_keys)
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=100)
+    rl_axis = None  # the RL panels share their steps: an evaluation's points line up with the rewards
+    for i, (panel, found) in enumerate(panels.items()):
+        ax = fig.add_subplot(1, len(panels), i + 1, sharex=None if panel == "warm-start loss" else rl_axis)
+        rl_axis = rl_axis or (ax if panel != "warm-start loss" else None)
+        first, last = min(x for p in found.values() for x, _ in p), max(x for p in found.values() for x, _ in p)
+        if last - first < 2:  # a point or two: a span the integer ticks can mark
+            ax.set_xlim(first - 1, last + 1)
+        for j, (key, points) in enumerate(found.items()):
+            color = f"C{j}"
+            steps, values = (np.asarray(column, np.float64) for column in zip(*points, strict=True))
+            if panel == "evaluation accuracy":
+                ax.plot(steps, values, "o-", color=color, markersize=4, label=key[len("eval/"):-len("/accuracy")])
+                continue
+            if panel == "warm-start loss":  # logged every 25 steps: too few points to smooth
+                ax.plot(steps, values, color=color, linewidth=2.0, label=key.split("/")[-2])
+                continue
+            ax.plot(steps, values, color=color, alpha=0.3, linewidth=1.0)
+            ax.plot(steps, ema_curve(values, ema), color=color, linewidth=2.0, label=key)
+        if panel in ("correctness (training episodes)", "evaluation accuracy"):
+            ax.set_ylim(-0.03, 1.03)  # shares: a flat 0 reads as 0, not as noise around it
+        ax.set_title(panel)
+        ax.set_xlabel("warm-start step" if panel == "warm-start loss" else "RL step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def write_summary(workdir: str, summary: Mapping[str, Any], curve_keys: Sequence[str] = (),
-                  run: Mapping[str, Any] | None = None) -> list[str]:
-    """`summary.json`: the last step's metrics at the top level, and under `"run"` the run-level record (`run`,
-    plus the best value of each reward / accuracy metric and the files the run wrote). With `curve_keys`, also
-    their curves as `rewards.png`; a plot that fails is a warning, never a failed run. The JSON is strict (no
-    NaN) and replaced atomically. Returns the files written, relative to `workdir`."""
+                  run: Mapping[str, Any] | None = None, title: str | None = None) -> list[str]:
+    """`summary.json`: first the run-level record under `"run"` (`status`, `step`, `best` value of each reward /
+    accuracy metric, the `files` the run wrote, then the rest of `run`), then the last step's metrics, sorted.
+    With `curve_keys` (the rewards), also the run's figure as `rewards.png` (`plot_run`, titled `title`); a plot
+    that fails is a warning, never a failed run. The JSON is strict (no NaN) and replaced atomically. Returns
+    the files written, relative to `workdir`."""
     folder = files.as_path(workdir)
     jsonl = str(folder / "metrics.jsonl")
     if curve_keys:
         try:
-            plot_curves(jsonl, list(curve_keys), folder / "rewards.png",
-                        title=f"{', '.join(curve_keys)} per RL step")
+            plot_run(jsonl, list(curve_keys), folder / "rewards.png", title=title)
         except (OSError, ValueError) as e:
             log.warning("rewards.png not written: %s", e)
-    names = ("metrics.jsonl", "tb", "rewards.png", "checkpoints", "transcripts.jsonl", "curriculum.json",
-             "tokenizer.model", "run.log", "summary.json")
-    written = [n for n in names if n == "summary.json" or (folder / n).exists()]
-    record, run = dict(summary), dict(run or {})
+    run = dict(run or {})
     if hasattr(run.get("config"), "to_json_best_effort"):  # an ml_collections config
         run["config"] = json.loads(run["config"].to_json_best_effort())
-    record["run"] = {**run, "best": best_metrics(jsonl), "files": written}
-    files.write_atomic(folder / "summary.json", json.dumps(_finite(record), indent=1, sort_keys=True, allow_nan=False))
+    run.update(best=best_metrics(jsonl), files=_written(folder))
+    run = {**{k: run[k] for k in RUN_FIRST if k in run}, **run}
+    record = {"run": run, **{k: summary[k] for k in sorted(summary)}}
+    files.write_atomic(folder / "summary.json", json.dumps(_finite(record), indent=1, allow_nan=False))
+    return run["files"]
+
+
+def _written(folder) -> list[str]:
+    return [n for n in SUMMARY_FILES if n == "summary.json" or (folder / n).exists()]
+
+
+def update_summary_files(workdir: str) -> list[str]:
+    """Lists again, in `summary.json`, the files of the run (e.g. `export`, written after the summary)."""
+    folder = files.as_path(workdir)
+    try:
+        record = json.loads(files.read_text(folder / "summary.json") or "null")
+    except (OSError, json.JSONDecodeError):
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("run"), dict):
+        return []
+    written = _written(folder)
+    if record["run"].get("files") != written:
+        record["run"]["files"] = written
+        files.write_atomic(folder / "summary.json", json.dumps(record, indent=1, allow_nan=False))
     return written
 
 

@@ -27,7 +27,7 @@ from mgrpo_jax.core import TargetsConfig, mgrpo_targets
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.store import open_store
-from mgrpo_jax.train import curriculum, decoupled, evaluation, files, sides, system, warmstart
+from mgrpo_jax.train import checkpoint, curriculum, decoupled, evaluation, files, sides, system, warmstart
 from mgrpo_jax.train.checkpoint import Checkpointer, PreemptionGuard, init_from_checkpoint
 from mgrpo_jax.train.exchange import InProcessExchange
 from mgrpo_jax.train.metrics import MetricWriter, read_summary, write_summary
@@ -160,54 +160,97 @@ class Trainer:
 
     def run(self) -> dict:
         """Warm start (or resume), RL steps, evaluations and checkpoints; returns the last step's metrics. A run
-        that already finished is left as it is. `self.status` ends as finished, preempted or stopped."""
-        cfg, summary, start, self.status = self.config, {}, time.time(), "stopped"
-        with PreemptionGuard() as guard, RunProgress(self.is_main_process) as self.progress:
-            if self.restore():
-                if self.step >= cfg.train.steps:
-                    log.info("already finished at step %d (train.steps=%d)", self.step, cfg.train.steps)
-                    self.status = "finished"
-                    return read_summary(self.workdir)
-            else:
-                if cfg.init_checkpoint:
-                    self.init_from_checkpoint(cfg.init_checkpoint)
-                elif not self.warm_started and not self.warm_start(guard):
-                    self.status = "preempted"
-                    return {}
-                if self.top_name in self.agents and cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
-                    self.filter_curriculum()
-                if cfg.train.eval_at_start and self.holds_every_agent:
-                    self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
-                self.save(force=True)
-                self.checkpointer.wait()
-                warmstart.discard_checkpoints(self.workdir)
-            bar = self.progress.phase("RL" if self.top_name in self.agents else "sub RL", cfg.train.steps, self.step)
-            while self.step < cfg.train.steps:
-                metrics = self.rl_step()
-                if metrics is None:
-                    log.info("the main job finished before step %d: stopping", self.step + 1)
-                    break
-                self.step += 1
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
-                    metrics.update(self.evaluate())
-                self.writer.write(self.step, metrics)
-                summary, shown = metrics, sides.shown(metrics, self.top_name)
-                bar.update(self.step, **shown)
-                log.info("%sstep %s", "" if self.top_name in self.agents else "sub ", bar.line(**shown))
-                stop = guard.should_stop()
-                self.save(force=stop or self.step == cfg.train.steps)
-                self.exchange.after_save(self.checkpointer.all_steps())
-                if stop:
-                    log.warning("preempted at step %d: checkpoint written, exiting", self.step)
-                    self.status = "preempted"
-                    break
-        self.checkpointer.wait()
+        that already finished is left as it is. `self.status` ends as finished, interrupted (Ctrl-C), preempted
+        (SIGTERM) or stopped (the main job finished first); every stop writes `summary.json`. A second Ctrl-C
+        stops at once: the checkpoint being written is dropped, so the newest complete one is the resume point,
+        and `self.at_once` is set (the launcher then exits without waiting for Orbax's threads)."""
+        cfg, summary, start, self.status, self.at_once = self.config, {}, time.time(), "stopped", False
+        try:
+            with PreemptionGuard() as guard, RunProgress(self.is_main_process) as self.progress:
+                if self.restore():
+                    if self.step >= cfg.train.steps:
+                        log.info("already finished at step %d (train.steps=%d)", self.step, cfg.train.steps)
+                        self.status = "finished"
+                        return read_summary(self.workdir)
+                else:
+                    self.writer.truncate_after(-1)  # RL records of an attempt stopped before its first checkpoint
+                    if cfg.init_checkpoint:
+                        self.init_from_checkpoint(cfg.init_checkpoint)
+                    elif not self.warm_started and not self.warm_start(guard):
+                        self.status = guard.reason
+                    if self.status == "stopped":
+                        self.first_checkpoint()
+                if self.status == "stopped":
+                    summary = self.rl_steps(guard)
+            self.checkpointer.wait()
+        except KeyboardInterrupt:
+            self.status, self.at_once = "interrupted", True
+            logging.getLogger("absl").setLevel(logging.CRITICAL + 1)  # Orbax's errors about the save cut off
+            checkpoint.settle()
+            for folder in (checkpoint.CHECKPOINTS, warmstart.CHECKPOINTS):
+                checkpoint.discard_partial(files.as_path(self.workdir) / folder)
         if self.step >= cfg.train.steps:
             self.status = "finished"
-        if self.is_main_process:  # a warm-start-only run, or the sub job, has no reward curve
-            curves = [f"{self.top_name}/reward", "sub/reward"] if self.step > 0 and self.top_name in self.agents else []
+        resume = {"checkpoint": _newest(self.workdir, checkpoint.CHECKPOINTS),
+                  "warmstart_checkpoint": _newest(self.workdir, warmstart.CHECKPOINTS)}
+        if self.is_main_process:  # the sub job has no figure: the main job's has its rewards
+            curves = [f"{self.top_name}/reward", "sub/reward"] if self.top_name in self.agents else []
             write_summary(self.workdir, summary, curves, {"status": self.status, "step": self.step, "mode": cfg.mode,
-                                                          "wall_time_s": time.time() - start, "config": cfg})
+                                                          "resume_from": resume, "wall_time_s": time.time() - start,
+                                                          "config": cfg},
+                          title=f"{cfg.benchmark}, {cfg.preset} preset, {cfg.mode} ({self.status} at step {self.step})")
         if self.status == "finished":
             self.exchange.finish(self.step)
+        elif self.status in ("interrupted", "preempted"):
+            log.warning("%s: %s; run the same command to resume", self.status, _resume_point(resume, self.at_once))
         return summary
+
+    def first_checkpoint(self) -> None:
+        """After the warm start: the curriculum, the evaluation at step 0 and the first RL checkpoint."""
+        cfg = self.config
+        if self.top_name in self.agents and cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
+            self.filter_curriculum()
+        if cfg.train.eval_at_start and self.holds_every_agent:
+            self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
+        self.save(force=True)
+        self.checkpointer.wait()
+        warmstart.discard_checkpoints(self.workdir)
+
+    def rl_steps(self, guard: PreemptionGuard) -> dict:
+        """RL steps until `train.steps` or a stop signal; returns the last step's metrics."""
+        cfg, summary = self.config, {}
+        bar = self.progress.phase("RL" if self.top_name in self.agents else "sub RL", cfg.train.steps, self.step)
+        while self.step < cfg.train.steps:
+            metrics = self.rl_step()
+            if metrics is None:
+                log.info("the main job finished before step %d: stopping", self.step + 1)
+                break
+            self.step += 1
+            if cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
+                metrics.update(self.evaluate())
+            self.writer.write(self.step, metrics)
+            summary, shown = metrics, sides.shown(metrics, self.top_name)
+            bar.update(self.step, **shown)
+            log.info("%sstep %s", "" if self.top_name in self.agents else "sub ", bar.line(**shown))
+            stop = guard.should_stop()
+            self.save(force=stop or self.step == cfg.train.steps)
+            self.exchange.after_save(self.checkpointer.all_steps())
+            if stop:
+                self.status = guard.reason
+                break
+        return summary
+
+
+def _newest(workdir: str, folder: str) -> int | None:
+    steps = checkpoint.complete_steps(files.as_path(workdir) / folder)
+    return steps[-1] if steps else None
+
+
+def _resume_point(resume: dict, at_once: bool) -> str:
+    """Where a rerun continues, in words."""
+    how = "stopped at once" if at_once else "checkpoint written"
+    if resume["checkpoint"] is not None:
+        return f"{how}; the rerun resumes from RL step {resume['checkpoint']}"
+    if resume["warmstart_checkpoint"] is not None:
+        return f"{how}; the rerun resumes the warm start after {resume['warmstart_checkpoint']} steps"
+    return f"{how}; no checkpoint was complete yet, so the rerun starts over"

@@ -118,6 +118,10 @@ class WarmStart:
         clones = {name: self._clone(name, agent) for name, agent in self.learners.items()}
         checkpointer = Checkpointer(self.workdir, keep=1, save_every=cfg.checkpoint_every, subdir=CHECKPOINTS)
         rounds = self._resume(clones, checkpointer)
+        if not rounds and not any(c.done for c in clones.values()):
+            log.info("warm start from step 1 (no warm-start checkpoint in %s)", checkpointer.directory)
+        # what the steps from here write again: a stop after the last checkpoint logged them once already
+        self.writer.drop(lambda rec: _redone(rec, clones))
         bars = {name: progress.phase(f"warm start {name}", c.steps, c.done) for name, c in clones.items()}
         start = time.perf_counter()
 
@@ -136,7 +140,7 @@ class WarmStart:
                     if guard is not None and guard.should_stop():
                         save(force=True)
                         checkpointer.close()
-                        log.warning("preempted during the warm start of %s at step %d: checkpointed, it continues "
+                        log.warning("stopped during the warm start of %s at step %d: checkpointed, it continues "
                                     "from there when the run resumes", name, clone.done)
                         return False
                     rows = [clone.examples[j] for j in clone.rng.choice(len(clone.examples), cfg.batch_size,
@@ -175,6 +179,14 @@ class WarmStart:
             log.info("warm start %s: %d steps, loss %.3f -> %.3f (%.1f s in this process)", name, clone.done, first,
                      last, time.perf_counter() - start)
         return True
+
+
+def _redone(record: dict, clones: dict) -> bool:
+    """`record` is a warm-start record of an agent that will redo its step (the resume point and after)."""
+    if "warmstart_step" not in record:
+        return False
+    return any(key.startswith(f"warmstart/{name}/") and not clone.finished and record["warmstart_step"] >= clone.done
+               for name, clone in clones.items() for key in record)
 
 
 def _host_state(clones: dict, rounds: int) -> dict:

@@ -292,8 +292,11 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
     assert "Traceback" not in output and "checkpoint written" in output
     assert output.count("step 1/50 |") == 1 and "[step 1/" not in output  # each step is printed once
     record = json.loads((workdir / "summary.json").read_text())["run"]
-    assert record["status"] == "preempted"
+    assert record["status"] == "interrupted"  # Ctrl-C; SIGTERM is "preempted"
     step = record["step"]
+    assert record["resume_from"] == {"checkpoint": step, "warmstart_checkpoint": None}
+    assert (f"interrupted: checkpoint written; the rerun resumes from RL step {step}; run the same command to "
+            "resume") in output
     assert step >= 1 and str(step) in os.listdir(workdir / "checkpoints")
     assert not [n for n in os.listdir(workdir / "checkpoints") if "tmp" in n]  # no half-written checkpoint
     before = (workdir / "summary.json").read_text()
@@ -301,3 +304,52 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
     assert again.returncode == 0, again.stderr[-4000:]
     assert f"already finished at step {step}" in again.stderr + again.stdout
     assert (workdir / "summary.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_in_the_warm_start_stops_at_once_and_the_rerun_resumes_from_the_newest_checkpoint(tmp_path):
+    """Ctrl-C, then Ctrl-C again during the warm start: exit 130 at once, no traceback on screen or in run.log,
+    no half-written checkpoint, a summary.json that says interrupted and where the rerun resumes; the rerun
+    resumes the warm start from there and metrics.jsonl holds each warm-start record once."""
+    import collections
+    import re
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    args = [str(LAUNCH), "--config=experiments/xbench.py:smoke", f"--workdir={workdir}", "--config.train.steps=1",
+            "--config.train.eval_every=0", "--config.warmstart.steps=60", "--config.warmstart.checkpoint_every=4"]
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, deadline = [], time.monotonic() + 300
+    for line in proc.stdout:
+        lines.append(line)
+        if "warm start main 26/60" in line:
+            proc.send_signal(signal.SIGINT)
+        if "Ctrl-C: stopping after this step" in line:
+            proc.send_signal(signal.SIGINT)  # within the step (a few hundred ms) or its checkpoint
+            break
+        assert time.monotonic() < deadline, "".join(lines[-40:])
+    lines.extend(proc.stdout)
+    output = "".join(lines)
+    assert proc.wait(timeout=60) == 130, output[-4000:]
+    assert "Traceback" not in output and "Traceback" not in (workdir / "run.log").read_text()
+    assert "stopped at once" in output and "run the same command to resume" in output
+    warm = workdir / "warmstart_checkpoints"
+    assert not [name for name in os.listdir(warm) if "tmp" in name], os.listdir(warm)
+    record = json.loads((workdir / "summary.json").read_text())["run"]
+    assert record["status"] == "interrupted" and record["step"] == 0
+    newest = record["resume_from"]["warmstart_checkpoint"]
+    assert newest is not None and newest % 4 == 0 and newest >= 24 and str(newest) in os.listdir(warm)
+    assert f"the rerun resumes the warm start after {newest} steps" in output
+
+    again = subprocess.run([sys.executable, *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert re.search(rf"warm start resumed after {newest} steps \(main \d+/60, sub \d+/60\)", again.stderr)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    counts = collections.Counter((r["warmstart_step"], k) for r in records if "warmstart_step" in r
+                                 for k in r if k.startswith("warmstart/"))
+    assert counts and max(counts.values()) == 1, [key for key, n in counts.items() if n > 1]
+    assert {k for _, k in counts} == {"warmstart/main/loss", "warmstart/sub/loss"}
+    assert json.loads((workdir / "summary.json").read_text())["run"]["status"] == "finished"

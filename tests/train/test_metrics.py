@@ -155,3 +155,36 @@ def test_summary_is_strict_json_with_the_run_record_and_survives_a_failed_plot(t
     assert read_summary(str(tmp_path)) == {"main/reward": 0.4, "main/train/loss": None}
     (tmp_path / "summary.json").write_text("{not json")
     assert read_summary(str(tmp_path)) == {}
+
+
+def test_the_run_figure_and_the_summary_record_first(tmp_path):
+    from mgrpo_jax.train.metrics import plot_run, run_figure, update_summary_files
+
+    with MetricWriter(tmp_path, enabled=True, tensorboard=False, console=False) as writer:
+        for step in (0, 1, 2):
+            writer.write(step, {"warmstart/main/loss": 3.0 - step, "warmstart/sub/loss": 2.5 - step},
+                         prefix_step="warmstart")
+        for step in (1, 2, 3):
+            writer.write(step, {"main/reward": step / 4, "sub/reward": step / 8, "main/correct": step / 3,
+                                **({"eval/eval_xbench/accuracy": 0.5} if step % 2 == 0 else {})})
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    fig = run_figure(records, ["main/reward", "sub/reward"], title="xbench, smoke preset, mgrpo")
+    assert [ax.get_title() for ax in fig.axes] == ["reward", "correctness (training episodes)",
+                                                   "evaluation accuracy", "warm-start loss"]
+    assert fig._suptitle.get_text() == "xbench, smoke preset, mgrpo"
+    for ax in fig.axes:  # 3 RL steps: ticks 1, 2, 3, never 1.5
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+    assert [line.get_label() for line in fig.axes[3].get_lines() if not line.get_label().startswith("_")] == \
+        ["main", "sub"]
+    assert plot_run(tmp_path / "metrics.jsonl", ["main/reward"], tmp_path / "rewards.png")[-1] == "warm-start loss"
+    assert (tmp_path / "rewards.png").read_bytes()[:4] == b"\x89PNG"
+
+    (tmp_path / "agents").mkdir()
+    write_summary(str(tmp_path), {"sub/reward": 0.375, "main/reward": 0.75},
+                  run={"mode": "mgrpo", "wall_time_s": 1.0, "status": "finished", "step": 3})
+    record = json.loads((tmp_path / "summary.json").read_text())
+    assert list(record) == ["run", "main/reward", "sub/reward"]
+    assert list(record["run"])[:4] == ["status", "step", "best", "files"] and "agents" in record["run"]["files"]
+    (tmp_path / "export").mkdir()  # written after the summary (launch.execute)
+    assert "export" in update_summary_files(str(tmp_path))
+    assert json.loads((tmp_path / "summary.json").read_text())["run"]["files"][-2:] == ["agents", "export"]
