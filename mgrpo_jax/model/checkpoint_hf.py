@@ -3,7 +3,7 @@
 - ``config_from_hf(d)`` / ``config_to_hf(cfg)``: ``config.json`` <-> ``ModelConfig``.
 - ``load_hf(path, mesh=None, rules=..., **overrides) -> Transformer``: reads ``config.json`` and
   ``model.safetensors`` (or the sharded ``model.safetensors.index.json``) from a directory. Each
-  device's shard is read through the library's lazy slices straight into its placement
+  device's shard is copied from views of the memory-mapped files straight into its placement
   (``jax.make_array_from_callback``), so no full host copy of the model is ever made.
 - ``save_hf(model, path, dtype=None)``: writes ``config.json`` + safetensors that
   ``transformers.AutoModelForCausalLM.from_pretrained`` loads, one file (shard) at a time.
@@ -19,13 +19,13 @@ RoPE: our rotary embedding uses the same "rotate_half" pairing as HF (dims ``i``
 q/k weights are taken as they are, with no permutation. Gemma's RMSNorm weights are stored as ``w`` in
 ``x * (1 + w)`` by both, so they copy unchanged.
 
-Files are read and written through the ``safetensors`` library (``safe_open(..., framework="numpy")``;
-bfloat16 as ``ml_dtypes.bfloat16``); paths may be local or gs:// URLs (``etils.epath``).
+Files are written through the ``safetensors`` library and read through its header (``safe_open``: names,
+dtypes, shapes, bfloat16 as ``ml_dtypes.bfloat16``) with the bytes viewed in place in the memory-mapped file;
+paths may be local or gs:// URLs (``etils.epath``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import json
@@ -33,7 +33,6 @@ import math
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
 
 import jax
 import ml_dtypes  # (also registers bfloat16 with numpy, which safetensors' numpy reader needs)
@@ -81,74 +80,57 @@ def safetensors_files(path: str | os.PathLike) -> list[epath.Path]:
 
 
 class SafetensorsCheckpoint:
-    """Lazy tensors of one checkpoint (single or sharded), opened with ``safetensors.safe_open``.
+    """The tensors of one checkpoint (single or sharded) as read-only numpy views of the memory-mapped files.
 
-    ``slice(name)`` is the library's lazy slice: indexing it reads only that region of the file, which is
-    how each device's shard is read straight into its placement. bfloat16 arrives as ``ml_dtypes.bfloat16``.
-    Use as a context manager; gs:// files are copied to a temporary folder one shard at a time, first use.
+    ``safetensors.safe_open`` reads and validates each header (the format requires the tensors to tile the data
+    section exactly, from its start to the end of the file, and the library rejects a file whose offsets do not),
+    names the tensors in file order and gives their dtypes (bfloat16 as ``ml_dtypes.bfloat16``) and shapes; the
+    bytes are then viewed in place. The library's own tensors are copies, and a copy per tensor (then one per
+    device block, then the device's own) made loading 2-3x slower than views; here the only copy of a block is
+    the one into its device buffer. Use as a context manager; gs:// files are copied to a temporary folder first.
     """
 
     def __init__(self, path: str | os.PathLike):
         self._files = safetensors_files(path)
         self._tmp = tempfile.TemporaryDirectory(prefix="hf_ckpt_")
-        self._stack = contextlib.ExitStack()
-        self._where: dict[str, object] = {}
+        self._views: dict[str, np.ndarray] = {}
         for f in self._files:
-            handle = self._stack.enter_context(
-                safetensors.safe_open(_local_copy(f, pathlib.Path(self._tmp.name)), framework="numpy"))
-            self._where.update({k: handle for k in handle.keys()})
+            self._views.update(_file_views(_local_copy(f, pathlib.Path(self._tmp.name))))
 
     def __enter__(self) -> SafetensorsCheckpoint:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stack.close()
+        self._views.clear()
         self._tmp.cleanup()
 
     def keys(self) -> list[str]:
-        return sorted(self._where)
+        return sorted(self._views)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def slice(self, name: str):
-        return self._where[name].get_slice(name)
+        return name in self._views
 
     def get(self, name: str) -> np.ndarray:
-        return self._where[name].get_tensor(name)
+        """A read-only view of tensor ``name`` in the mapped file (index it to read only that region)."""
+        return self._views[name]
 
 
-def _read_block(lazy, hf_shape: tuple[int, ...], to_ours: Callable[[np.ndarray], np.ndarray],
-                index: tuple, dtype) -> np.ndarray:
-    """Block ``index`` (in our layout, as ``dtype``) of one HF tensor, reading only its bounding box from the file.
-
-    ``to_ours`` maps an HF-layout array to ours by views (transposes, axis splits). Applying it to
-    zero-stride coordinate grids tells which HF elements the block holds without touching the data; only
-    their bounding box is read through the lazy slice.
-    """
-    grids = [np.arange(n).reshape([-1 if a == axis else 1 for a in range(len(hf_shape))])
-             for axis, n in enumerate(hf_shape)]
-    probe = np.broadcast_to(grids[0], hf_shape)
-    if to_ours(probe) is probe:  # the same layout (embedding, norms): the block is a slice of the file
-        return np.asarray(lazy[index], dtype=dtype)
-    coords = [to_ours(np.broadcast_to(grid, hf_shape))[index] for grid in grids]  # views: no memory
-    box = tuple(slice(*_bounds(c)) for c in coords)
-    data = np.asarray(lazy[box])
-    if data.shape != hf_shape:
-        # Placed in an array of the whole tensor's shape, so that `to_ours` applies: `np.empty` only reserves
-        # address space, and memory backs just the pages the box is written to.
-        whole = np.empty(hf_shape, data.dtype)
-        whole[box] = data
-        data = whole
-    return np.array(to_ours(data)[index], dtype=dtype, order="C")
-
-
-def _bounds(coords: np.ndarray) -> tuple[int, int]:
-    """(min, max + 1) of a coordinate view: its first and last element when no stride runs backwards (transposes
-    and splits of an increasing grid), else a full reduction."""
-    if all(stride >= 0 for stride in coords.strides):
-        return int(coords[(0,) * coords.ndim]), int(coords[(-1,) * coords.ndim]) + 1
-    return int(coords.min()), int(coords.max()) + 1
+def _file_views(file: pathlib.Path) -> dict[str, np.ndarray]:
+    with safetensors.safe_open(file, framework="numpy") as handle:
+        names = handle.offset_keys()
+        # An empty leading slice is the library's dtype for the tensor at no cost; a scalar is read whole.
+        specs = [(tuple(s.get_shape()), (s[:0] if s.get_shape() else handle.get_tensor(n)).dtype)
+                 for n in names for s in [handle.get_slice(n)]]
+    data = np.memmap(file, dtype=np.uint8, mode="r")
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
+    offset = data.size - sum(sizes)  # the data section ends the file
+    if offset != 8 + int.from_bytes(data[:8].tobytes(), "little"):
+        raise ValueError(f"{file}: the tensors do not tile the data section after the header")
+    views = {}
+    for name, (shape, dtype), size in zip(names, specs, sizes, strict=True):
+        views[name] = data[offset:offset + size].view(dtype).reshape(shape)
+        offset += size
+    return views
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict | None = None) -> None:
@@ -356,9 +338,11 @@ def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None 
                    rules: Rules = DEFAULT_RULES) -> dict[str, jax.Array]:
     """Our flat parameter dict (see ``transformer.param_shapes``) read from an HF checkpoint.
 
-    Every array is assembled per device shard (``jax.make_array_from_callback``), each shard read from
-    the files through ``safetensors``' lazy slices, sharded by ``rules`` on ``mesh`` (or placed on the
-    default device without a mesh): no full host copy of a parameter is ever made. A stacked parameter's
+    Every array is assembled per device shard (``jax.make_array_from_callback``), each shard taken from views
+    of the memory-mapped files (``SafetensorsCheckpoint``) in our layout, sharded by ``rules`` on ``mesh`` (or
+    placed on the default device without a mesh): a shard of a tensor is read once, by the copy into its
+    device buffer (a stacked parameter's shard: once more, into the block stacking its layers, converted to the
+    parameter dtype on the way), and no full host copy of a parameter is ever made. A stacked parameter's
     leading axes (its layers, and the experts of an MoE layer) index HF tensors (``_hf_entries``).
     """
     pd = cfg.params_dtype
@@ -369,19 +353,20 @@ def load_hf_params(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh | None 
             entries = [(_hf_name(name, None), ())] if top else _hf_entries(name, cfg)
             if name == "lm_head" and entries[0][0] not in ckpt:
                 raise KeyError("checkpoint has no lm_head.weight but config.json says the head is untied")
-            lazy = {index: ckpt.slice(hf) for hf, index in entries}
-            stacked = len(entries[0][1])  # leading axes that index HF tensors: 0, 1 (layers) or 2 (+ experts)
-            hf_shape = tuple(lazy[entries[0][1]].get_shape())
             to_ours = functools.partial(_hf_to_ours, name, cfg=cfg)
-            ours_shape = to_ours(np.empty(hf_shape, np.bool_)).shape
+            sources = {index: to_ours(ckpt.get(hf)) for hf, index in entries}  # views: nothing is read yet
+            stacked = len(entries[0][1])  # leading axes that index HF tensors: 0, 1 (layers) or 2 (+ experts)
+            ours_shape = sources[entries[0][1]].shape
             if ours_shape != tuple(shape[stacked:]):
                 raise ValueError(f"{name}: checkpoint shape {ours_shape} != expected {shape[stacked:]}")
 
-            def cb(index, lazy=lazy, stacked=stacked, hf_shape=hf_shape, to_ours=to_ours, shape=shape):
+            def cb(index, sources=sources, stacked=stacked, shape=shape):
+                if not stacked:
+                    return np.asarray(sources[()][index], dtype=pd)  # a view when the dtypes agree: JAX copies it
                 heads = [range(shape[k])[index[k]] for k in range(stacked)]
-                blocks = [_read_block(lazy[i], hf_shape, to_ours, index[stacked:], pd)
-                          for i in itertools.product(*heads)]
-                return np.stack(blocks).reshape(*(len(h) for h in heads), *blocks[0].shape)
+                # np.stack copies a transposed view an order of magnitude faster than assigning it into a block.
+                blocks = np.stack([sources[i][index[stacked:]] for i in itertools.product(*heads)], dtype=pd)
+                return blocks.reshape(*map(len, heads), *blocks.shape[1:])
 
             if mesh is None:
                 sharding = SingleDeviceSharding(jax.devices()[0])

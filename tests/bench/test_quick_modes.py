@@ -19,6 +19,7 @@ BENCH = REPO / "mgrpo_jax" / "bench"
 HELPERS = {"__init__", "common"}  # modules of the package that are not benchmarks
 
 MAIN_KEYS = {
+    "checkpoint": ("load_s", "load_min_s", "load_cpu_s", "load_gb_per_s", "save_s", "params_m"),
     "env": ("worldgen_s_2000", "index_s", "search_ms", "visit_ms", "expert_success", "compact"),
     "kernels": ("kernel_ms", "kernel_gb_per_s", "copy_gb_per_s", "bytes_moved_mb", "fraction_of_copy",
                 "reuse_freed_memory", "hlo_row_by_t_buffers", "targets_ms", "loss_grad_ms", "compile_ms"),
@@ -33,6 +34,11 @@ MAIN_KEYS = {
     "store": ("records_per_s", "mb_per_s", "exchange_share", "step_s", "headline_store", "file"),
 }
 NEEDS = {"model": ("torch", "transformers"), "plan": ("libtpu",)}  # CI installs requirements-tpu.txt for plan
+
+
+def check_checkpoint(figures, lines):
+    assert figures["preset"] == "llama-tiny" and figures["repeats"] == len(figures["load_samples_s"]) == 2
+    assert 0 < figures["load_min_s"] <= figures["load_s"] and figures["file_mb"] > 0
 
 
 def check_kernels(figures, lines):
@@ -79,8 +85,8 @@ def check_store(figures, lines):
     assert result["fifo_measured"] and result["mb_per_step_unsync"] > result["mb_per_step"]
 
 
-CHECKS = {"kernels": check_kernels, "lora": check_lora, "model": check_model, "plan": check_plan,
-          "rollout": check_rollout, "store": check_store}
+CHECKS = {"checkpoint": check_checkpoint, "kernels": check_kernels, "lora": check_lora, "model": check_model,
+          "plan": check_plan, "rollout": check_rollout, "store": check_store}
 
 
 def bench_names() -> list[str]:
