@@ -12,6 +12,10 @@ Override any field with `--config.FIELD=VALUE`, FIELD a dotted path of an existi
 `--noconfig.train.eval_at_start`), tuples as `--config.rewards.alpha="(0.2, 0.8)"`. Overrides come after
 `--config`.
 
+A loss of your own: `--loss_module=my_loss.py` (a file, from the current directory) or `--loss_module=pkg.my_loss`
+(a module importable from it) is imported before the config is checked; its `@register_loss("name")` makes
+`--config.main.loss=name` valid. Repeat the flag for several.
+
 Exit status: 0 when the run finishes (and for --help); 2 for a usage error, found before anything is built: an
 unknown flag or config field, a config file, preset or mode that does not exist, an override value of the wrong
 type, a config that `mgrpo_jax.config.validate` rejects, a workdir that cannot be written, missing or malformed
@@ -74,6 +78,10 @@ _COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0'
                                    "need none: jax.distributed reads the TPU environment.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "How many processes form the job (with --coordinator).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+_LOSS_MODULES = flags.DEFINE_multi_string(
+    "loss_module", [], "A Python file (my_loss.py) or module (pkg.my_loss, importable from the current directory) "
+    "that registers a loss with mgrpo_jax.core.register_loss; imported before the config is checked, so "
+    "--config.main.loss=NAME can select it. Repeat for several; every host of a pod needs the file.")
 
 
 def _did_you_mean(value: str, options) -> str:
@@ -85,6 +93,61 @@ def _exit_usage(message) -> None:
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     sys.exit(EXIT_USAGE)
+
+
+def import_loss_module(value: str) -> list[str]:
+    """Imports `value` (a .py file or a module name, both from the current directory) and returns the names of the
+    losses it registered; a module that cannot be imported, or registers none, is a UsageError."""
+    from mgrpo_jax.core.losses import available_losses
+
+    before, flag = set(available_losses()), f"--loss_module={value}"
+    is_file = value.endswith(".py") or os.sep in value
+    # `python launch/tpu_run.py` puts launch/, not the current directory, on sys.path; the user's file may
+    # import its neighbours.
+    folder = os.path.dirname(os.path.abspath(value)) if is_file else os.getcwd()
+    sys.path.insert(0, folder)
+    try:
+        if is_file:
+            if not os.path.isfile(value):
+                raise UsageError(f"{flag}: no such file (looked in {os.getcwd()})")
+            name = os.path.splitext(os.path.basename(value))[0]
+            if name in sys.modules:
+                raise UsageError(f"{flag}: a module named {name!r} is already imported; rename the file")
+            spec = importlib.util.spec_from_file_location(name, os.path.abspath(value))
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[name])
+        else:
+            importlib.import_module(value)
+    except UsageError:
+        raise
+    except ModuleNotFoundError as e:
+        if not is_file and e.name and value.startswith(e.name):
+            raise UsageError(f"{flag}: no module named {e.name!r} importable from {os.getcwd()} (or give the "
+                             "file's path, ending in .py)") from None
+        raise UsageError(f"{flag}: importing it failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's code: any failure is reported as this one line
+        raise UsageError(f"{flag}: importing it failed: {type(e).__name__}: {e}") from None
+    added = sorted(set(available_losses()) - before)
+    if not added:
+        raise UsageError(f"{flag}: it registered no loss (decorate the loss function with "
+                         "@register_loss(\"name\") from mgrpo_jax.core)")
+    return added
+
+
+def import_loss_modules(values: list[str], config) -> None:
+    """Imports every `--loss_module`; an agent whose loss none of them (nor the package) registered is a
+    UsageError naming what they did register."""
+    if not values:
+        return
+    added = [name for value in values for name in import_loss_module(value)]
+    from mgrpo_jax.core.losses import available_losses
+
+    for agent in ("main", "sub", "single"):
+        loss = config[agent].get("loss") if agent in config else None
+        if loss and loss not in available_losses():
+            raise UsageError(f"{agent}.loss={loss!r}: no loss of that name{_did_you_mean(loss, added)} (the "
+                             f"--loss_module files registered {', '.join(added)}; registered: "
+                             f"{', '.join(available_losses())})")
 
 
 # ---- --config: the file, the preset and mode, the overrides ----
@@ -241,6 +304,7 @@ def main(argv):
     from mgrpo_jax.train.launch import check, check_meshes, execute, log_to_file, log_to_screen
 
     try:  # on every process, before jax.distributed and before anything is built
+        import_loss_modules(_LOSS_MODULES.value, config)
         check(config, workdir, role)
     except UsageError as e:
         _exit_usage(e)
