@@ -43,6 +43,7 @@ from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.tokenizer import Tokenizer
 from mgrpo_jax.tokenizer_hf import TOKENIZER_FILES, write_tokenizer_files
+from mgrpo_jax.train.backend import choose_platform
 from mgrpo_jax.train.checkpoint import Checkpointer
 from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state, merged_params, model_from_state
 
@@ -222,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    choose_platform()  # as the launcher does: no libtpu probe and its errors where there is no TPU
     # Orbax logs every file it reads at INFO through absl; an export's output is the one folder it wrote.
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")

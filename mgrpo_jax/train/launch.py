@@ -8,7 +8,6 @@ one `error:` message and exit status 2.
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -19,6 +18,10 @@ import uuid
 from mgrpo_jax.config import validate
 from mgrpo_jax.train import files
 
+# Imported from here by launch/tpu_run.py and the tests; they live in backend so that export, which launch imports,
+# can use them without a cycle.
+from mgrpo_jax.train.backend import ACCELERATOR_DEVICES, TPU_ENV, choose_platform  # noqa: F401
+
 log = logging.getLogger("mgrpo_jax")
 
 COMPILATION_CACHE = ".jax_cache"
@@ -28,28 +31,6 @@ LOG_FILE = "run.log"  # every log record of the run, one line each (launch/tpu_r
 class UsageError(ValueError):
     """A problem with what the user passed (config, workdir, benchmark files), found before anything is built.
     The message is complete on its own: it names the input and says what is wrong."""
-
-
-# What shows a TPU: its device files (/dev/accel* up to v5e, /dev/vfio/<n> from v5p) or the variables a TPU VM or
-# pod sets. GPUs are not chosen against: only libtpu's failed probe is the noise this avoids.
-TPU_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID", "TPU_NAME", "TPU_PROCESS_BOUNDS",
-           "CLOUD_TPU_TASK_ID")
-ACCELERATOR_DEVICES = ("accel*", "vfio/[0-9]*", "nvidia[0-9]*", "kfd")
-
-
-def choose_platform(environ=os.environ, dev: str = "/dev") -> str | None:
-    """Runs JAX on the CPU when this machine has no accelerator, before JAX starts its backends: with libtpu
-    installed (requirements-tpu.txt) and no TPU, JAX would probe it and print libtpu's errors first. A TPU VM
-    (its device files or its environment) keeps its TPU, and a JAX_PLATFORMS the user set, even empty, wins.
-    Returns the platform chosen, or None when JAX chooses."""
-    if "JAX_PLATFORMS" in environ or any(environ.get(name) for name in TPU_ENV):
-        return None
-    if any(glob.glob(os.path.join(dev, pattern)) for pattern in ACCELERATOR_DEVICES):
-        return None
-    environ["JAX_PLATFORMS"] = "cpu"  # also for the processes this one starts
-    if "jax" in sys.modules:  # imported already: its config read the variable then
-        sys.modules["jax"].config.update("jax_platforms", "cpu")
-    return "cpu"
 
 
 def log_to_screen(level: int) -> logging.Handler:

@@ -36,8 +36,9 @@ def workdir(tmp_path_factory):
 
 
 def _export(*args, cwd=None):
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for name in ("XLA_FLAGS", "JAX_PLATFORMS"):  # the command chooses the platform, as for a user
+        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "mgrpo_jax.train.export", *args], capture_output=True, text=True,
                           env=env, cwd=cwd or ROOT, timeout=300)
 
@@ -74,7 +75,7 @@ def test_export_is_quiet_and_its_tokenizer_matches_the_model_vocabulary(workdir,
     result = _export(f"--workdir={workdir}", "--step=2", f"--out={out}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)
-    assert "INFO" not in result.stderr and "orbax" not in result.stderr.lower(), result.stderr
+    assert result.stderr == "", result.stderr  # no Orbax INFO lines, no libtpu probe where there is no TPU
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     vocab = json.loads((workdir / "agents" / "main" / "model_config.json").read_text())["vocab_size"]
