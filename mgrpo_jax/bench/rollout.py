@@ -7,9 +7,9 @@
 as a real run of the preset is (``--warmstart-steps``, default the preset's ``warmstart.min_steps``: 500
 supervised steps per agent for ``local``, where the README's ``local`` runs stop, the format kept at their
 checks), without the greedy format checks (they only decide when a real run stops). Episodes then have the
-lengths of a real run's: on ``local`` 11-13 generated tokens per episode (main agent 10.7 of 33 tokens in
-2.3 turns, sub-agent 12.9 of 53 in 3.0 turns; 3,600 generated tokens per step, 28 per top-level rollout),
-where the old default of 10 warm-start steps gave ~5-token episodes (issue 26).
+lengths of a real run's: on ``local``, in two runs, 12 generated tokens per episode (main agent 10-11 of
+32-33 tokens in 2.2-2.3 turns, sub-agent 13 of 53 in 3.0 turns; 3,400-3,600 generated tokens per step, 26-28
+per top-level rollout), where the old default of 10 warm-start steps gave ~5-token episodes (issue 26).
 Then warm-up RL steps, untimed, until ``--quiet-steps`` (2) in a row compile nothing new: at least
 ``--warmup-steps`` (1), at most ``--max-warmup-steps`` (8); a step compiles when the jit cache of the sampler,
 a train step or ``mgrpo_targets`` grows (the sampler's shape buckets depend on how many rows are still
