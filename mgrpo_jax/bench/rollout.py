@@ -2,6 +2,7 @@
 
     python -m mgrpo_jax.bench.rollout                      # local preset, 3 timed RL steps + the GRPO step
     python -m mgrpo_jax.bench.rollout --preset smoke --steps 1 --grpo-model tiny --grpo-prompts 2 ...
+    python -m mgrpo_jax.bench.rollout --quick              # smoke preset + tiny GRPO shape: the code path, seconds
 
 **RL steps of a preset.** A ``Trainer`` for the preset is built in a temporary workdir and warm-started as far
 as a real run of the preset is (``--warmstart-steps``, default the preset's ``warmstart.min_steps``: 500
