@@ -77,13 +77,21 @@ def _steps(path: Path) -> list[dict]:
     return [r for r in read_jsonl(path) if "step" in r]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("remote", ["file", "gs"])
-def test_main_and_sub_roles_as_two_processes(remote, request, tmp_path):
-    url = make_url(remote, request, tmp_path)
-    workdir = tmp_path / "run"
-    _finish(Role("main", url, workdir), Role("sub", url, workdir))
+@pytest.fixture(scope="module")
+def file_runs(tmp_path_factory):
+    """A colocated `smoke` run and a decoupled one over a file:// store, with the same seed and flags, run once for
+    the tests that read them (the decoupled run is also the file:// case of the two-process test)."""
+    root = tmp_path_factory.mktemp("file_runs")
+    workdir_c, workdir_d = root / "colocated" / "run", root / "decoupled" / "run"
+    workdir_c.parent.mkdir()
+    workdir_d.parent.mkdir()
+    url = (root / "store").as_uri()
+    _finish(Role("colocated", f"memory://colocated-{os.getpid()}", workdir_c), Role("main", url, workdir_d),
+            Role("sub", url, workdir_d))
+    return workdir_c, workdir_d, url
 
+
+def _check_two_process_run(url: str, workdir: Path) -> None:
     main, sub = _steps(workdir / "main" / "metrics.jsonl"), _steps(workdir / "sub" / "metrics.jsonl")
     assert [r["step"] for r in main] == [r["step"] for r in sub] == list(range(1, STEPS + 1))
     store = open_store(url)
@@ -94,6 +102,8 @@ def test_main_and_sub_roles_as_two_processes(remote, request, tmp_path):
         assert counts.min() >= 1 and counts.sum() == m["sub/episodes"] == s["sub/episodes"]
         assert sorted(store.tasks.answers(step)) == sorted(store.tasks.task_ids(step))
         assert s["sub/main_correct"] == pytest.approx(float(view.array("main_correct").mean()))
+        # The main job's published reward is its targets' R_M of the step it logged.
+        assert float(view.array("main_reward").mean()) == pytest.approx(m["main/reward"], abs=1e-6)
         assert s["sub/staleness"] == 0.0 and "sub/train/loss" in s and "main/train/loss" in m
         assert store.read_step(step, "sub").policy_version == step  # one sub update per step
     # The sub job trained on the main job's tokenizer; each job checkpointed in its own folder.
@@ -105,6 +115,21 @@ def test_main_and_sub_roles_as_two_processes(remote, request, tmp_path):
     # newest save is cut short): the last step's cache, and at most the one before it.
     cached = sorted(os.listdir(workdir / "sub" / "cache"))
     assert cached[-1] == f"{STEPS - 1:010d}.jsonl" and len(cached) <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("decoupled_file_runs")  # one worker runs both tests of the shared runs (--dist=loadgroup)
+def test_main_and_sub_roles_as_two_processes_over_file(file_runs):
+    _, workdir, url = file_runs
+    _check_two_process_run(url, workdir)
+
+
+@pytest.mark.slow
+def test_main_and_sub_roles_as_two_processes_over_gs(request, tmp_path):
+    url = make_url("gs", request, tmp_path)
+    workdir = tmp_path / "run"
+    _finish(Role("main", url, workdir), Role("sub", url, workdir))
+    _check_two_process_run(url, workdir)
 
 
 @pytest.mark.slow
@@ -144,7 +169,8 @@ def _questions(path: Path) -> dict[int, set[str]]:
 
 
 @pytest.mark.slow
-def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(tmp_path):
+@pytest.mark.xdist_group("decoupled_file_runs")
+def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(file_runs):
     """A colocated `smoke` run and a decoupled one (file:// store) with the same seed and flags train on the same
     number of samples from the same starting weights and questions; their reward statistics differ, and why.
 
@@ -167,13 +193,7 @@ def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(tmp_path):
     at the next iteration, once every answer of the round is in). From the second sampled token on, the two runs
     are different samples of the same policies: reward statistics agree in distribution, not value by value.
     """
-    workdir_c, workdir_d = tmp_path / "colocated" / "run", tmp_path / "decoupled" / "run"
-    workdir_c.parent.mkdir()
-    workdir_d.parent.mkdir()
-    url = (tmp_path / "store").as_uri()
-    _finish(Role("colocated", f"memory://colocated-{os.getpid()}", workdir_c), Role("main", url, workdir_d),
-            Role("sub", url, workdir_d))
-
+    workdir_c, workdir_d, url = file_runs
     colocated = _steps(workdir_c / "metrics.jsonl")
     main, sub = _steps(workdir_d / "main" / "metrics.jsonl"), _steps(workdir_d / "sub" / "metrics.jsonl")
     assert len(colocated) == len(main) == len(sub) == STEPS
