@@ -72,9 +72,14 @@ def test_duplicated_slots_repeat_the_call_reward():
     np.testing.assert_allclose(t.sub_advantages, [[[1.0] * 3, [-1.0] * 3]], atol=1e-5)
 
 
+# A few [Q, K, C] shapes, from one call and one rollout up: each example's values are new, but each (shape, static
+# config) compiles `mgrpo_targets` once, so the examples share their programs instead of compiling one each.
+SHAPES = ((1, 1, 1), (2, 3, 2), (3, 4, 5))
+
+
 @st.composite
 def rollout_arrays(draw):
-    q, k, c = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    q, k, c = draw(st.sampled_from(SHAPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     return RolloutArrays(rng.random((q, k)) < 0.7, (rng.random((q, k)) < 0.5).astype(np.float32),
                          rng.random((q, k, c)) < 0.7, rng.random((q, k, c)).astype(np.float32),
@@ -82,7 +87,8 @@ def rollout_arrays(draw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(rollout_arrays(), st.integers(1, 4), st.sampled_from(["duplicate", "mask"]), st.sampled_from(["group", "none"]))
+@given(rollout_arrays(), st.sampled_from([1, 3]), st.sampled_from(["duplicate", "mask"]),
+       st.sampled_from(["group", "none"]))
 def test_targets_equal_the_kernels_composed_by_hand(arrays, d_max, mode, scale):
     options = (("baseline", "mean"), ("eps", 1e-6), ("scale", scale))
     config = TargetsConfig(d_max=d_max, align_mode=mode, estimator_options=options)

@@ -43,10 +43,12 @@ def test_chunked_attention_matches_dense_forward_and_gradient(variant):
         logits, _ = model(tokens, positions, attention_mask=mask)
         return jnp.sum(jnp.where(mask[..., None], jax.nn.log_softmax(logits), 0.0) * 0.01)
 
-    want, got = dense(tokens, positions, attention_mask=mask)[0], chunked(tokens, positions, attention_mask=mask)[0]
+    # Jitted: a program per model instead of the (remat, chunk-loop) ops dispatched one by one.
+    forward, grad = nnx.jit(lambda m: m(tokens, positions, attention_mask=mask)[0]), nnx.jit(nnx.grad(loss))
+    want, got = forward(dense), forward(chunked)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-    g_want = jax.tree.leaves(nnx.grad(loss)(dense))
-    g_got = jax.tree.leaves(nnx.grad(loss)(chunked))
+    g_want = jax.tree.leaves(grad(dense))
+    g_got = jax.tree.leaves(grad(chunked))
     assert len(g_want) == len(g_got) and any(float(jnp.abs(g).sum()) > 0 for g in g_want)
     for a, b in zip(g_got, g_want, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
@@ -57,11 +59,12 @@ def test_chunked_prefill_with_a_cache_matches_dense(variant):
     dense, chunked = _models(variant)
     tokens, positions, mask = _inputs()
     outs = []
+    call = nnx.jit(lambda m, *args, **kw: m(*args, **kw))
     for model in (dense, chunked):
         cache = model.init_cache(2, 20)
-        logits, cache = model(tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0))
-        step, _ = model(tokens[:, :1], positions[:, -1:] + 1, attention_mask=jnp.ones((2, 1), jnp.bool_),
-                        cache=cache, cache_index=jnp.int32(16))
+        logits, cache = call(model, tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0))
+        step, _ = call(model, tokens[:, :1], positions[:, -1:] + 1, attention_mask=jnp.ones((2, 1), jnp.bool_),
+                       cache=cache, cache_index=jnp.int32(16))
         outs.append((np.asarray(logits), np.asarray(step)))
     for a, b in zip(outs[0], outs[1], strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
@@ -71,10 +74,12 @@ def test_logits_at_gives_the_full_logits_at_those_positions():
     dense, chunked = _models()
     tokens, positions, mask = _inputs()
     at = jnp.asarray([15, 10], jnp.int32)
+    call = nnx.jit(lambda m, *args, **kw: m(*args, **kw))
     for model in (dense, chunked):
-        full = np.asarray(model(tokens, positions, attention_mask=mask)[0])
+        full = np.asarray(call(model, tokens, positions, attention_mask=mask)[0])
         cache = model.init_cache(2, 16)
-        some, _ = model(tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0), logits_at=at)
+        some, _ = call(model, tokens, positions, attention_mask=mask, cache=cache, cache_index=jnp.int32(0),
+                       logits_at=at)
         assert some.shape == (2, 1, 64)
         np.testing.assert_allclose(np.asarray(some[:, 0]), full[[0, 1], [15, 10]], rtol=1e-5, atol=1e-5)
 

@@ -57,7 +57,8 @@ def test_block_equals_per_token_reference(seed, k, norm, tokens):
          "expert_down": jax.random.normal(keys[3], (E, F, D)) / 4}
     h = jax.random.normal(keys[4], (1, tokens, D))
     mask = jnp.arange(tokens)[None] < max(1, tokens - 2)
-    y, stats = moe_mlp(cfg, None, w, h, mask)
+    # Jitted: one compile per example instead of the tile loop's hundreds of small ops dispatched one by one.
+    y, stats = jax.jit(moe_mlp, static_argnums=(0, 1))(cfg, None, w, h, mask)
     np.testing.assert_allclose(np.asarray(y[0]), _reference_moe(h[0], w, k, norm), atol=1e-4, rtol=1e-4)
     real = int(mask.sum())
     assert float(stats.tokens) == real
@@ -197,13 +198,15 @@ def test_expert_parallel_forward_and_gradient_equal_single_device(shape):
 def test_cached_decode_equals_full_forward():
     cfg = dataclasses.replace(_cfg(n_layers=3, mlp_only_layers=(0,)), scan_layers=True)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
+    call = nnx.jit(lambda m, tok, pos, **kw: m(tok, pos, **kw))  # three programs, not the model op by op
     tok, pos = _tokens(T=8)
-    full = model(jnp.asarray(tok), jnp.asarray(pos))[0]
-    _, cache = model(jnp.asarray(tok[:, :5]), jnp.asarray(pos[:, :5]), cache=model.init_cache(2, 8), cache_index=0)
+    full = call(model, jnp.asarray(tok), jnp.asarray(pos))[0]
+    _, cache = call(model, jnp.asarray(tok[:, :5]), jnp.asarray(pos[:, :5]), cache=model.init_cache(2, 8),
+                    cache_index=jnp.int32(0))
     steps = []
     for t in range(5, 8):
-        logits, cache = model(jnp.asarray(tok[:, t:t + 1]), jnp.asarray(pos[:, t:t + 1]), cache=cache,
-                              cache_index=jnp.int32(t))
+        logits, cache = call(model, jnp.asarray(tok[:, t:t + 1]), jnp.asarray(pos[:, t:t + 1]), cache=cache,
+                             cache_index=jnp.int32(t))
         steps.append(logits)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)), np.asarray(full[:, 5:]), atol=TOL)
 
@@ -304,8 +307,9 @@ def test_tiles_and_ragged_dot_blocks_agree_and_auto_picks_tiles_on_cpu():
     tiles = Transformer(cfg, rngs=nnx.Rngs(2))
     ragged = Transformer(dataclasses.replace(cfg, moe_matmul="ragged_dot"), rngs=nnx.Rngs(2))
     tok, pos = _tokens(T=12)
-    np.testing.assert_allclose(np.asarray(tiles(jnp.asarray(tok), jnp.asarray(pos))[0]),
-                               np.asarray(ragged(jnp.asarray(tok), jnp.asarray(pos))[0]), atol=TOL)
+    call = nnx.jit(lambda m, tok, pos: m(tok, pos)[0])
+    np.testing.assert_allclose(np.asarray(call(tiles, jnp.asarray(tok), jnp.asarray(pos))),
+                               np.asarray(call(ragged, jnp.asarray(tok), jnp.asarray(pos))), atol=TOL)
 
 
 def test_paper_preset_is_qwen3_30b_a3b_with_an_expert_axis_and_paper_dense_keeps_8b():
@@ -349,8 +353,9 @@ def test_token_chunks_give_the_same_values_statistics_and_gradients():
                                  router_stats=True)
         return jnp.sum(logits[..., :4] ** 2) + load_balancing_loss(stats, cfg.num_experts), stats
 
-    (l1, s1), g1 = nnx.value_and_grad(loss, has_aux=True)(whole)
-    (l2, s2), g2 = nnx.value_and_grad(loss, has_aux=True)(parts)
+    grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))  # one program per model, not the ops one by one
+    (l1, s1), g1 = grad(whole)
+    (l2, s2), g2 = grad(parts)
     assert abs(float(l1) - float(l2)) < 1e-4 and float(s2.tokens) == mask.sum()
     np.testing.assert_allclose(np.asarray(s1.expert_tokens), np.asarray(s2.expert_tokens))
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):

@@ -77,20 +77,6 @@ def _steps(path: Path) -> list[dict]:
     return [r for r in read_jsonl(path) if "step" in r]
 
 
-@pytest.fixture(scope="module")
-def file_runs(tmp_path_factory):
-    """A colocated `smoke` run and a decoupled one over a file:// store, with the same seed and flags, run once for
-    the tests that read them (the decoupled run is also the file:// case of the two-process test)."""
-    root = tmp_path_factory.mktemp("file_runs")
-    workdir_c, workdir_d = root / "colocated" / "run", root / "decoupled" / "run"
-    workdir_c.parent.mkdir()
-    workdir_d.parent.mkdir()
-    url = (root / "store").as_uri()
-    _finish(Role("colocated", f"memory://colocated-{os.getpid()}", workdir_c), Role("main", url, workdir_d),
-            Role("sub", url, workdir_d))
-    return workdir_c, workdir_d, url
-
-
 def _check_two_process_run(url: str, workdir: Path) -> None:
     main, sub = _steps(workdir / "main" / "metrics.jsonl"), _steps(workdir / "sub" / "metrics.jsonl")
     assert [r["step"] for r in main] == [r["step"] for r in sub] == list(range(1, STEPS + 1))
@@ -115,13 +101,6 @@ def _check_two_process_run(url: str, workdir: Path) -> None:
     # newest save is cut short): the last step's cache, and at most the one before it.
     cached = sorted(os.listdir(workdir / "sub" / "cache"))
     assert cached[-1] == f"{STEPS - 1:010d}.jsonl" and len(cached) <= 2
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("decoupled_file_runs")  # one worker runs both tests of the shared runs (--dist=loadgroup)
-def test_main_and_sub_roles_as_two_processes_over_file(file_runs):
-    _, workdir, url = file_runs
-    _check_two_process_run(url, workdir)
 
 
 @pytest.mark.slow
@@ -169,8 +148,7 @@ def _questions(path: Path) -> dict[int, set[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("decoupled_file_runs")
-def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(file_runs):
+def test_decoupled_run_over_file_matches_the_colocated_run_with_the_same_seed(tmp_path):
     """A colocated `smoke` run and a decoupled one (file:// store) with the same seed and flags train on the same
     number of samples from the same starting weights and questions; their reward statistics differ, and why.
 
@@ -193,7 +171,14 @@ def test_decoupled_run_matches_the_colocated_run_with_the_same_seed(file_runs):
     at the next iteration, once every answer of the round is in). From the second sampled token on, the two runs
     are different samples of the same policies: reward statistics agree in distribution, not value by value.
     """
-    workdir_c, workdir_d, url = file_runs
+    workdir_c, workdir_d = tmp_path / "colocated" / "run", tmp_path / "decoupled" / "run"
+    workdir_c.parent.mkdir()
+    workdir_d.parent.mkdir()
+    url = (tmp_path / "store").as_uri()
+    _finish(Role("colocated", f"memory://colocated-{os.getpid()}", workdir_c), Role("main", url, workdir_d),
+            Role("sub", url, workdir_d))
+    _check_two_process_run(url, workdir_d)  # the two-process test's checks, over file://, on the same run
+
     colocated = _steps(workdir_c / "metrics.jsonl")
     main, sub = _steps(workdir_d / "main" / "metrics.jsonl"), _steps(workdir_d / "sub" / "metrics.jsonl")
     assert len(colocated) == len(main) == len(sub) == STEPS
