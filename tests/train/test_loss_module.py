@@ -74,6 +74,8 @@ def test_each_failure_is_one_error_line_and_exit_2(user_folder, case):
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in result.stderr, result.stderr[-2000:]
+    if case == "no_flag":  # the error says how a loss from the user's own file gets registered
+        assert "registered by --loss_module=FILE" in result.stderr
     assert "Traceback" not in result.stderr
 
 
