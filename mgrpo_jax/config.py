@@ -264,7 +264,7 @@ class _Problems:
     def choice(self, field: str, options, hint: str = "") -> None:
         value = self.get(field)
         if value is not _MISSING and value not in options:
-            self.add(field, value, f"not one of {', '.join(map(str, options))}{_did_you_mean(value, options)}{hint}")
+            self.add(field, value, f"not one of {', '.join(map(str, options))}{hint}{_did_you_mean(value, options)}")
 
     def number(self, field: str, low=None, high=None, *, above=None):
         """The value if it is a number within [low, high] (and > above); else reports it and returns None."""
@@ -327,7 +327,7 @@ def _check_agent(p: _Problems, name: str) -> None:
     from mgrpo_jax.train.optim import DECAYS
 
     p.choice(f"{name}.loss", available_losses(),
-             hint="; a loss defined in your own file is registered by --loss_module=FILE (launch/tpu_run.py)")
+             hint=" (a loss defined in your own file is registered by --loss_module=FILE)")
     p.choice(f"{name}.sharding_rules", tuple(RULE_SETS))
     _check_model(p, name)
     for field in ("context_tokens", "max_turns", "micro_batches", "decode_phases", "passes"):
