@@ -53,6 +53,10 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     agent.max_turns = max_turns
     agent.micro_batches = 1
     agent.decode_phases = 1  # the sampler's decode loop in this many phases over growing caches (sampling)
+    # Decode slots of the agent's sampler in the rollout engine (mgrpo_jax/rollout/engine.py): each holds one episode's
+    # KV cache across its turns. 0: one per episode that can be live at once (Q*K); fewer save cache memory and
+    # cost a re-prefill whenever a parked episode gives its slot up.
+    agent.rollout_slots = 0
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"  # a name registered in mgrpo_jax.core.losses (register_loss)
@@ -333,6 +337,7 @@ def _check_agent(p: _Problems, name: str) -> None:
     for field in ("context_tokens", "max_turns", "micro_batches", "decode_phases", "passes"):
         p.number(f"{name}.{field}", 1)
     p.number(f"{name}.warmstart_steps", 0)
+    p.number(f"{name}.rollout_slots", 0)
     if p.get(f"{name}.router_aux_loss_coef") is not None:
         p.number(f"{name}.router_aux_loss_coef", 0)
     mesh = p.get(f"{name}.mesh")

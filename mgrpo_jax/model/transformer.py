@@ -11,7 +11,8 @@ Call convention::
 - Without ``cache``: causal self-attention over the ``T`` tokens; returns ``(logits, None)``.
 - With ``cache`` (from ``model.init_cache(B, S)``): the new tokens' keys/values are written at slots
   ``[cache_index, cache_index + T)`` (``cache_index`` a scalar int32, may be traced, same for all rows;
-  the Python int 0 marks a prefill, which then attends to its own T keys only),
+  the Python int 0 marks a prefill, which then attends to its own T keys only; or ``[B]``, each row at its
+  own offset, tokens whose ``attention_mask`` is False left unwritten: the sampler's decode slots),
   their validity in ``cache['mask']`` is ``attention_mask``; the query of slot ``s`` attends to every
   valid slot ``<= s``. Returns ``(logits, new_cache)``; the input cache is not modified (donate it).
 - ``logits``: ``[B, T, V]`` float32 (soft-capped if the config says so).
@@ -550,13 +551,24 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
         idx = jnp.asarray(cache_index, jnp.int32)
         S = cache["mask"].shape[1]
         zero = jnp.zeros((), jnp.int32)
-        slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
+        per_row = idx.ndim == 1
+        if per_row:
+            # Each row writes at its own offset (decode slots: every slot holds an episode of its own length).
+            # A masked token is not written at all: its index is pushed past the cache and the scatter drops
+            # it, so a row with nothing to add leaves its slot exactly as it was.
+            q_slot = idx[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+            write = jnp.where(attention_mask, q_slot, S)
+            rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+            slot_mask = cache["mask"].at[rows, write].set(True, mode="drop")
+            mask = (jnp.arange(S, dtype=jnp.int32)[None, None, :] <= q_slot[:, :, None]) & slot_mask[:, None, :]
+        else:
+            slot_mask = jax.lax.dynamic_update_slice(cache["mask"], attention_mask, (zero, idx))
         # A prefill into slot 0 (``cache_index`` the Python int 0) attends to its own T keys only: the
         # slots after them are masked anyway, so reading the whole cache would only add work.
         fresh = isinstance(cache_index, int) and cache_index == 0
         if fresh:
             mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None] & attention_mask[:, None, :]
-        else:
+        elif not per_row:
             q_slot = idx + jnp.arange(T, dtype=jnp.int32)
             mask = (jnp.arange(S, dtype=jnp.int32)[None, :] <= q_slot[:, None])[None] & slot_mask[:, None, :]
 
@@ -566,6 +578,12 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
         for i, lp in enumerate(layers):
 
             def kv_update(k, v, i=i):
+                if per_row:  # k [B, K, Dh, T], v [B, K, T, Dh] scattered at [rows, :, :, write], [rows, :, write, :]
+                    nk = ks[i].at[rows, :, :, write].set(jnp.transpose(k, (0, 3, 1, 2)).astype(ks[i].dtype),
+                                                         mode="drop")
+                    nv = vs[i].at[rows, :, write, :].set(jnp.transpose(v, (0, 2, 1, 3)).astype(vs[i].dtype),
+                                                         mode="drop")
+                    return nk.astype(cdt), nv.astype(cdt), (nk, nv)
                 nk = jax.lax.dynamic_update_slice(ks[i], k.astype(ks[i].dtype), (zero, zero, zero, idx))
                 nv = jax.lax.dynamic_update_slice(vs[i], v.astype(vs[i].dtype), (zero, zero, idx, zero))
                 if fresh:

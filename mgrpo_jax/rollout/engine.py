@@ -1,17 +1,34 @@
-"""The multi-agent rollout engine: Q questions x K rollouts of the whole system, in lock-step batches.
+"""The multi-agent rollout engine: Q questions x K rollouts of the whole system, on each agent's decode slots.
 
-Each iteration of the loop
-  1. samples one turn for every top-level episode (main or single agent) that is not waiting on a
-     delegation, in one batch through that agent's sampler;
-  2. runs the tools those turns call; a `delegate` call starts a sub-agent episode and parks its parent;
-  3. samples one turn for every live sub-agent episode, in one batch through the sub-agent's sampler,
-     runs their tools, and hands each finished sub-agent's answer back to its parent as the tool response.
-So every pending main turn shares one sampler call and every pending sub turn shares another, and the
-samplers see a handful of shape buckets rather than one shape per episode.
+Every agent's sampler holds a fixed number of decode slots (`AgentRuntime.slots`, the config's
+`<agent>.rollout_slots`; 0: one per episode that can be live at once), each with its own KV cache
+(:mod:`mgrpo_jax.sampling.slots`). An episode that wants a turn gets a slot and keeps it across its turns, so a turn
+prefills only what the episode gained since its last one (the tool response or the sub-agent's answer, and the
+assistant header). Slots decode in jitted chunks of a few steps (`AgentRuntime.decode_chunk`); between chunks the
+engine takes the turns that ended, runs their tools, starts a `delegate` call's sub-agent episode in the sub-agent's
+pool, hands a finished sub-agent's answer back to its parent, and starts the next turns in the slots that are free.
+The main agent's and the sub-agent's pools advance side by side: each round dispatches a chunk of every pool before
+waiting on any, so neither agent waits for the other's whole batch.
 
-Delegations can also be served elsewhere (decoupled mode): a `sub_executor` callable receives each
-iteration's newly spawned sub-agent episodes and returns them finished (answer and end reason filled in),
-instead of step 3 running them in this process. The sub-agent job runs them with `start_sub` / `run_subs`.
+**When an episode must leave its slot.** A main episode that waits on its sub-agent keeps its slot until another
+episode needs one and none is free; then the episode that has waited longest gives it up, and prefills its whole
+context once when it is next ready. The cache is not kept in host memory: copying it out and back costs a transfer
+of the whole cache (on the paper's shapes, gigabytes per episode over the host link) where the prefill is one
+compute-bound forward pass over the same tokens; it would also hold host memory for every parked episode. With the
+default slot count (one per rollout) no episode ever leaves its slot; fewer slots trade prefill for cache memory.
+
+**Random numbers** come from the episode and the turn (`seed`, agent, question, rollout, invocation, turn number),
+never from the slot or the batch: the same seed gives the same episodes whatever the slot count.
+
+A sampler without slots (an object with only `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=,
+budgets=)`, e.g. a scripted policy in tests) gets each round's pending turns in one call, as the lock-step engine
+did. The lock-step engine itself (`mgrpo_jax.rollout.lockstep.LockstepRolloutEngine`: every ready episode's turn in
+one batch that decodes until its longest row stops, the whole episode prefilled every turn) is kept as the oracle
+the tests compare against.
+
+Delegations can also be served elsewhere (decoupled mode): a `sub_executor` callable receives each round's newly
+spawned sub-agent episodes and returns them finished (answer and end reason filled in), instead of the sub-agent's
+pool running them in this process. The sub-agent job runs them with `start_sub` / `run_subs`, on the same slots.
 
 Limits end an episode cleanly and are recorded as its `end_reason`: a turn that breaks the protocol
 (`format_error`), the agent's turn limit (`max_turns`), its context budget (`context`), a turn longer
@@ -55,6 +72,9 @@ from mgrpo_jax.rollout.episode import (
     Episode,
     RolloutBatch,
 )
+from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, bucket
+from mgrpo_jax.sampling.sampler import Sampler
+from mgrpo_jax.sampling.slots import SLOT_CHUNK, DecodeSlots
 
 DELEGATE = "delegate"
 MAX_ERROR_CHARS = 200  # of an exception's message in the error response
@@ -76,6 +96,11 @@ class AgentRuntime:
     max_turns: int = 8
     context_tokens: int = 2048
     tokenizer: Any = None  # its own ChatTokenizer (None: the engine's); it renders and reads all of its episodes
+    slots: int = 0  # decode slots of its sampler (0: one per episode that can be live at once, rounded up)
+    decode_chunk: int = 0  # decode steps per round between the host's looks at the slots (0: the sampler's default)
+    # Benchmarks only: `script.budget(episode)` is the next turn's length, a turn that reaches it is whole, and
+    # `script.parse(episode, text)` reads it instead of the grammar (mgrpo_jax.bench.rollout's long workload).
+    script: Any = None
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -91,7 +116,9 @@ class RolloutLimits:
     temperature: float = 1.0
 
 
-class RolloutEngine:
+class EngineCore:
+    """What both engines share: episodes, tool responses, a turn's bookkeeping, delegation and hand-back."""
+
     def __init__(self, tokenizer, top: AgentRuntime, sub: AgentRuntime | None = None,
                  limits: RolloutLimits | None = None,
                  sub_executor: Callable[[list[Episode], Sequence], list[Episode]] | None = None,
@@ -103,8 +130,8 @@ class RolloutEngine:
         self.sub = sub
         self.limits = limits or RolloutLimits()
         self.grammar = grammar  # how turns parse and how prompts and tool responses are written
-        # None: sub-agent turns run here, in lock-step with the top-level turns. Else called as
-        # `sub_executor(spawned, questions)` once per iteration; returns the spawned episodes finished.
+        # None: sub-agent turns run here, on the sub-agent's sampler. Else called as `sub_executor(spawned,
+        # questions)` with the sub-agent episodes a round started; returns them finished.
         self.sub_executor = sub_executor
         self._runtimes = {agent.name: agent for agent in (top, sub) if agent is not None}
         for agent in self._runtimes.values():
@@ -124,40 +151,10 @@ class RolloutEngine:
         response = self.grammar.render_tool_response(valid_unicode(output))
         episode.extend(self._runtimes[episode.agent].tokenizer.render_message(TOOL, response))
 
-    # -- the loop ------------------------------------------------------------------------------------
-
-    def run(self, questions: Sequence, rollouts: int, seed: int = 0, temperature: float | None = None) -> RolloutBatch:
-        """Run `rollouts` whole-system episodes of every question; returns them with timings. `temperature`
-        overrides the limits' for this call (0: greedy, e.g. the warm start's format check)."""
-        timings = {"sampling_s": 0.0, "tools_s": 0.0}
-        temperature = self.limits.temperature if temperature is None else float(temperature)
-        top = [
-            [self._start(self.top, self.grammar.question_prompt(q.text), question_index=qi, rollout=k)
-             for k in range(rollouts)]
-            for qi, q in enumerate(questions)
-        ]
-        live_subs: list[Episode] = []
-        iteration = 0
-        while True:
-            ready = [e for row in top for e in row if not e.done and e.waiting_on is None]
-            if not ready and not live_subs:
-                break
-            if ready:
-                spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings, temperature)
-                if self.sub_executor is not None and spawned:
-                    start = time.perf_counter()
-                    for sub in self.sub_executor(spawned, questions):
-                        self._return_to_parent(sub, top)
-                    timings["remote_subs_s"] = timings.get("remote_subs_s", 0.0) + time.perf_counter() - start
-                else:
-                    live_subs.extend(spawned)
-            if live_subs:
-                self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings, temperature)
-                for sub in [s for s in live_subs if s.done]:
-                    live_subs.remove(sub)
-                    self._return_to_parent(sub, top)
-            iteration += 1
-        return RolloutBatch(list(questions), top, timings)
+    def _top_episodes(self, questions: Sequence, rollouts: int) -> list[list[Episode]]:
+        return [[self._start(self.top, self.grammar.question_prompt(q.text), question_index=qi, rollout=k)
+                 for k in range(rollouts)]
+                for qi, q in enumerate(questions)]
 
     def start_sub(self, task: str, context: str = "", **fields) -> Episode:
         """A new sub-agent episode for `delegate(task, context)` (fields: question_index, rollout, invocation)."""
@@ -166,65 +163,42 @@ class RolloutEngine:
                            call={"task": task, "context": context},
                            task=task if not context.strip() else f"{task}\n{context}", **fields)
 
-    def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None,
-                 temperature: float | None = None) -> dict:
-        """Runs sub-agent episodes to the end in lock-step batches (the sub-agent job's side); returns timings.
-        `temperature` overrides the limits' for this call, as in `run`."""
-        timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
-        temperature = self.limits.temperature if temperature is None else float(temperature)
-        live, iteration = list(subs), 0
-        while live:
-            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings, temperature)
-            live = [s for s in live if not s.done]
-            iteration += 1
-        return timings
+    # -- one turn ------------------------------------------------------------------------------------
 
-    def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict,
-              temperature: float) -> list[Episode]:
-        """One sampled turn for each episode; returns the sub-agent episodes the turns started."""
-        limits, tokenizer = self.limits, agent.tokenizer
-        assistant_prefix = tokenizer.render_turn_prefix(ASSISTANT)
-        prompts, budgets, active = [], [], []
-        for episode in episodes:
-            room = agent.context_tokens - len(episode.tokens) - len(assistant_prefix)
-            if room < limits.min_turn_tokens:
-                episode.end_reason = CONTEXT_FULL
-                continue
-            prompts.append(episode.tokens + assistant_prefix)
-            budgets.append(min(limits.max_turn_tokens, room))
-            active.append(episode)
-        if not active:
-            return []
-        start = time.perf_counter()
-        out = agent.sampler.sample(prompts, max_new=limits.max_turn_tokens, rng=rng,
-                                   temperature=temperature,
-                                   stop_tokens=(tokenizer.end_of_turn_id,),
-                                   budgets=budgets)
-        timings["sampling_s"] += time.perf_counter() - start
+    def _prepare_turn(self, agent: AgentRuntime, episode: Episode) -> _Turn | None:
+        """The next turn's prompt (the episode and the assistant header) and budget; None, with the episode ended
+        (`context`), when too little of its context budget is left for a turn."""
+        prefix = agent.tokenizer.render_turn_prefix(ASSISTANT)
+        room = agent.context_tokens - len(episode.tokens) - len(prefix)
+        if room < self.limits.min_turn_tokens:
+            episode.end_reason = CONTEXT_FULL
+            return None
+        wanted = self.limits.max_turn_tokens if agent.script is None else int(agent.script.budget(episode))
+        return _Turn(prefix, min(self.limits.max_turn_tokens, room, wanted), wanted)
 
-        start = time.perf_counter()
-        spawned = []
+    def _finish_turn(self, agent: AgentRuntime, episode: Episode, turn: _Turn, ids, logprobs, stopped: bool,
+                     temperature: float) -> list[Episode]:
+        """Appends a sampled turn to its episode and acts on it; returns the sub-agent episodes it started."""
+        tokenizer = agent.tokenizer
         top_k, top_p = int(getattr(agent.sampler, "top_k", 0)), float(getattr(agent.sampler, "top_p", 1.0))
-        for row, episode in enumerate(active):
-            episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
-            n = int(out.lengths[row])
-            ids = out.tokens[row, :n]
-            episode.extend(assistant_prefix)
-            episode.extend(ids, trained=True, logprobs=out.logprobs[row, :n])
-            if not bool(out.stopped[row]):
-                episode.turns.append(tokenizer.decode(ids))
-                # Cut short by the context budget, or by the per-turn token limit.
-                episode.end_reason = CONTEXT_FULL if budgets[row] < limits.max_turn_tokens else TURN_TOO_LONG
-                continue
-            episode.extend(tokenizer.turn_separator_ids)
-            text = tokenizer.decode(ids[:-1])
-            episode.turns.append(text)
-            spawned.extend(self._act(agent, episode, text))
-        timings["tools_s"] += time.perf_counter() - start
-        return spawned
+        episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
+        episode.extend(turn.prefix)
+        episode.extend(ids, trained=True, logprobs=logprobs)
+        # A scripted turn (benchmarks) is whole when it reaches its scripted length.
+        scripted = agent.script is not None and len(ids) == turn.wanted
+        if not stopped and not scripted:
+            episode.turns.append(tokenizer.decode(ids))
+            # Cut short by the context budget, or by the per-turn token limit.
+            episode.end_reason = CONTEXT_FULL if turn.budget < self.limits.max_turn_tokens else TURN_TOO_LONG
+            return []
+        episode.extend(tokenizer.turn_separator_ids)
+        text = tokenizer.decode(ids[:-1] if stopped else ids)
+        episode.turns.append(text)
+        return self._act(agent, episode, text)
 
     def _act(self, agent: AgentRuntime, episode: Episode, text: str) -> list[Episode]:
-        parsed = self.grammar.parse_turn(text, allowed_tools=agent.tool_names)
+        parsed = (self.grammar.parse_turn(text, allowed_tools=agent.tool_names) if agent.script is None
+                  else agent.script.parse(episode, text))
         if isinstance(parsed, FormatError):
             episode.end_reason = FORMAT_ERROR
             episode.format_error = parsed.reason
@@ -284,6 +258,219 @@ class RolloutEngine:
         self._respond(parent, report)
         if len(parent.turns) >= self.top.max_turns:
             parent.end_reason = MAX_TURNS
+
+
+
+class RolloutEngine(EngineCore):
+    """Runs episodes on every agent's decode slots (module docstring). `slot_stats` holds the last run's pool
+    counters per agent (prefilled and decoded tokens, slot-steps, chunks, evictions)."""
+
+    slot_stats: dict[str, dict[str, int]] = {}
+
+    def run(self, questions: Sequence, rollouts: int, seed: int = 0, temperature: float | None = None) -> RolloutBatch:
+        """Run `rollouts` whole-system episodes of every question; returns them with timings. `temperature`
+        overrides the limits' for this call (0: greedy, e.g. the warm start's format check)."""
+        timings = {"sampling_s": 0.0, "tools_s": 0.0}
+        temperature = self.limits.temperature if temperature is None else float(temperature)
+        top = self._top_episodes(questions, rollouts)
+        live = len(questions) * rollouts  # at most one sub-agent episode per rollout runs at a time
+        pools = {self.top.name: _pool(self.top, live, self, seed, temperature)}
+        if self.sub is not None and self.sub_executor is None:
+            pools[self.sub.name] = _pool(self.sub, live, self, seed, temperature)
+        self._drive(pools, [e for row in top for e in row], timings, top=top, questions=questions)
+        return RolloutBatch(list(questions), top, timings)
+
+    def run_subs(self, subs: list[Episode], seed: int = 0, timings: dict | None = None,
+                 temperature: float | None = None) -> dict:
+        """Runs sub-agent episodes to the end on the sub-agent's slots (the sub-agent job's side); returns timings.
+        `temperature` overrides the limits' for this call, as in `run`."""
+        timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
+        temperature = self.limits.temperature if temperature is None else float(temperature)
+        if subs:
+            self._drive({self.sub.name: _pool(self.sub, len(subs), self, seed, temperature)}, list(subs), timings)
+        return timings
+
+    def _drive(self, pools: dict, episodes: list[Episode], timings: dict, top=None, questions=None) -> None:
+        """Rounds of: every pool starts the turns it has slots for and dispatches a chunk; then each pool's ended
+        turns are appended and acted on, and every episode goes where its state says (`_settle`)."""
+        try:
+            for episode in episodes:
+                self._settle(episode, pools, top)
+            while any(pool.busy for pool in pools.values()):
+                t0 = time.perf_counter()
+                for pool in pools.values():  # every pool's chunk is in flight before any is waited on
+                    pool.launch()
+                timings["sampling_s"] += time.perf_counter() - t0
+                for pool in pools.values():
+                    t0 = time.perf_counter()
+                    finished = pool.collect()
+                    timings["sampling_s"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    spawned = []
+                    for episode, turn, ids, logprobs, stopped in finished:
+                        spawned.extend(self._finish_turn(pool.agent, episode, turn, ids, logprobs, stopped,
+                                                         pool.temperature))
+                        self._settle(episode, pools, top)
+                    timings["tools_s"] += time.perf_counter() - t0
+                    if spawned and self.sub_executor is not None:
+                        t0 = time.perf_counter()
+                        for sub in self.sub_executor(spawned, questions):
+                            self._settle(sub, pools, top)
+                        timings["remote_subs_s"] = timings.get("remote_subs_s", 0.0) + time.perf_counter() - t0
+                    else:
+                        for sub in spawned:
+                            self._settle(sub, pools, top)
+        finally:
+            self.slot_stats = {name: pool.stats() for name, pool in pools.items()}
+            for pool in pools.values():
+                pool.close()
+
+    def _settle(self, episode: Episode, pools: dict, top) -> None:
+        """Queues a ready episode for its next turn; leaves one that waits on a sub-agent parked (in its slot, while
+        no one else needs it); frees the slot of one that ended, and hands a finished sub-agent's answer back."""
+        pool = pools.get(episode.agent)
+        if not episode.done and episode.waiting_on is None:
+            turn = self._prepare_turn(pool.agent, episode)
+            if turn is not None:
+                pool.queue(episode, turn)
+                return
+        if episode.done:
+            if pool is not None:
+                pool.release(episode)
+            if top is not None and self.sub is not None and episode.agent == self.sub.name:
+                self._return_to_parent(episode, top)
+                self._settle(top[episode.question_index][episode.rollout], pools, top)
+
+
+def _pool(agent: AgentRuntime, live: int, engine: EngineCore, seed: int, temperature: float):
+    if agent.sampler is None:
+        raise ValueError(f"agent {agent.name!r} has no sampler in this process")
+    if isinstance(agent.sampler, Sampler):
+        return _SlotPool(agent, live, engine.limits, seed, temperature)
+    return _CallPool(agent, engine.limits, seed, temperature)
+
+
+@dataclass(frozen=True)
+class _Turn:
+    prefix: list[int]  # the assistant header, appended before the sampled ids
+    budget: int  # new tokens the turn may sample
+    wanted: int  # its scripted length (AgentRuntime.script), else the per-turn limit
+
+
+class _SlotPool:
+    """An agent's pending turns on its sampler's decode slots; chooses who holds which slot."""
+
+    def __init__(self, agent: AgentRuntime, live: int, limits: RolloutLimits, seed: int, temperature: float):
+        self.agent, self.seed, self.temperature = agent, seed, temperature
+        n = agent.slots or bucket(live, DEFAULT_BATCH_BUCKETS)
+        self.slots = DecodeSlots(agent.sampler, n, agent.context_tokens, chunk=agent.decode_chunk or SLOT_CHUNK)
+        self.stop = (agent.tokenizer.end_of_turn_id,)
+        self._waiting: list[tuple[Episode, _Turn]] = []
+        self._turns: dict[int, _Turn] = {}
+        self._idle_since: dict[int, int] = {}  # slot -> round its owner's last turn ended (eviction order)
+        self._round = 0
+
+    def queue(self, episode: Episode, turn: _Turn) -> None:
+        self._waiting.append((episode, turn))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting) or self.slots.busy
+
+    def launch(self) -> None:
+        slots, queued = self.slots, {id(e) for e, _ in self._waiting}
+        still = []
+        for episode, turn in self._waiting:
+            slot = slots.slot_of(episode)
+            if slot is None:
+                slot = slots.free_slot()
+                if slot is None:
+                    slot = self._evictable(queued)
+                    if slot is None:
+                        still.append((episode, turn))
+                        continue
+                    slots.release(slots.owners[slot], evicted=True)
+                slots.assign(episode, slot)
+            self._turns[id(episode)] = turn
+            slots.start(episode, episode.tokens + turn.prefix, budget=turn.budget, seed=turn_seed(self.seed, episode),
+                        temperature=self.temperature, stop_tokens=self.stop)
+        self._waiting = still
+        slots.launch()
+
+    def _evictable(self, queued: set[int]) -> int | None:
+        """The slot whose owner has waited longest (on its sub-agent) without a turn, if any."""
+        idle = [(self._idle_since.get(s, -1), s) for s, owner in enumerate(self.slots.owners)
+                if owner is not None and id(owner) not in queued and not self.slots.in_turn(s)]
+        return min(idle)[1] if idle else None
+
+    def collect(self) -> list:
+        self._round += 1
+        out = []
+        for episode, ids, logprobs, stopped in self.slots.collect():
+            self._idle_since[self.slots.slot_of(episode)] = self._round
+            out.append((episode, self._turns.pop(id(episode)), ids, logprobs, stopped))
+        return out
+
+    def release(self, episode: Episode) -> None:
+        if self.slots.slot_of(episode) is not None:
+            self.slots.release(episode)
+
+    def close(self) -> None:
+        self.slots.close()
+
+    def stats(self) -> dict[str, int]:
+        return self.slots.stats()
+
+
+class _CallPool:
+    """An agent whose sampler has no slots (`.sample` only): each round's pending turns in one call."""
+
+    def __init__(self, agent: AgentRuntime, limits: RolloutLimits, seed: int, temperature: float):
+        self.agent, self.limits, self.seed, self.temperature = agent, limits, seed, temperature
+        self._waiting: list[tuple[Episode, _Turn]] = []
+        self._out = None
+        self._round = 0
+
+    def queue(self, episode: Episode, turn: _Turn) -> None:
+        self._waiting.append((episode, turn))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting)
+
+    def launch(self) -> None:
+        if not self._waiting:
+            return
+        batch, self._waiting = self._waiting, []
+        out = self.agent.sampler.sample([e.tokens + t.prefix for e, t in batch], max_new=self.limits.max_turn_tokens,
+                                        rng=_seed(self.seed, self._round, self.agent.name),
+                                        temperature=self.temperature,
+                                        stop_tokens=(self.agent.tokenizer.end_of_turn_id,),
+                                        budgets=[t.budget for _, t in batch])
+        self._round += 1
+        self._out = (batch, out)
+
+    def collect(self) -> list:
+        if self._out is None:
+            return []
+        (batch, out), self._out = self._out, None
+        return [(episode, turn, out.tokens[row, :int(out.lengths[row])], out.logprobs[row, :int(out.lengths[row])],
+                 bool(out.stopped[row])) for row, (episode, turn) in enumerate(batch)]
+
+    def release(self, episode: Episode) -> None:
+        pass
+
+    def close(self) -> None:
+        self._waiting, self._out = [], None
+
+    def stats(self) -> dict[str, int]:
+        return {"calls": self._round}
+
+
+def turn_seed(seed: int, episode: Episode) -> int:
+    """The key seed of an episode's next turn: from the run's seed and the episode's identity and turn number only."""
+    key = f"{seed}/{episode.agent}/{episode.question_index}/{episode.rollout}/{episode.invocation}/{len(episode.turns)}"
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
 def _seed(seed: int, iteration: int, role: str) -> int:

@@ -319,7 +319,7 @@ def build_engine(config, tokenizer: ChatTokenizer, env: OfflineEnvironment | Com
         own = getattr(agents.get(name), "tokenizer", None) or agent_tokenizer(config, name, tokenizer)
         return AgentRuntime(name, sampler, prompt, tools, can_delegate=can_delegate,
                             max_turns=config[name].max_turns, context_tokens=config[name].context_tokens,
-                            tokenizer=own)
+                            tokenizer=own, slots=config[name].get("rollout_slots", 0))
 
     if isinstance(env, CompactEnvironment):
         def prompt_and_tools(name):
