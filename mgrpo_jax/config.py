@@ -111,7 +111,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.env.search_top_k = 5
     c.env.sizes = ml_collections.ConfigDict(
         {"stage1": 2000, "stage2": 2000, "validation": 200, "eval_gaia": 165, "eval_xbench": 100,
-         "eval_webwalker": 680})
+         "eval_webwalker": 680, "fresh": 0})
     # Systematic expert noise (fractions of fact types / entities / question kinds the experts get wrong).
     c.env.noise = ml_collections.ConfigDict()
     # Stage 2 keeps the questions the starting system (stage-1 checkpoint) solves at most this often, estimated
@@ -154,6 +154,10 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.rollout.max_sub_calls = 16
     c.rollout.temperature = 1.0
     c.rollout.unsync_chunk = 64  # mgrpo_unsync: sub-trajectories per FIFO pop
+    # mgrpo_unsync's pop rule (mgrpo_jax/train/unsync.py): "chunks" trains on every full chunk waiting (the released
+    # code); "step" trains once per step on every record the previous step pushed, in the synchronised mode's batch
+    # (Q*K*D rows, weight-0 padding): the same updates on the same number of trajectories, one step late.
+    c.rollout.unsync_pop = "chunks"
 
     c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
@@ -171,6 +175,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.warmstart.min_steps = 0  # ... but not before this many steps
     c.warmstart.check_every = 0
     c.warmstart.format_questions = 64
+    # The share of demonstrations drawn in counterfactual twins of the compact world (its names and questions, its
+    # facts drawn again: mgrpo_jax/env/compact/world.py): a clone can then answer only by reading its tools.
+    c.warmstart.counterfactual_share = 0.0
     # Warm-start checkpoints (<workdir>/warmstart_checkpoints) every this many steps, counted over all agents, and on
     # preemption: a resumed run continues the warm start from there. Dropped once the first RL checkpoint exists.
     c.warmstart.checkpoint_every = 50
@@ -181,6 +188,12 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.train.eval_runs = 3  # avg@3
     c.train.eval_questions = 30  # per evaluation set (0: the whole set)
     c.train.eval_at_start = False  # also evaluate the starting point (step 0) of a fresh run
+    # The question sets an evaluation scores, comma-separated: the held-out sets, `validation`, and `fresh` (new
+    # questions of the training distribution: the yardstick of the transfer gap).
+    c.train.eval_sets = "eval_gaia,eval_xbench,eval_webwalker"
+    # Also score every set with each tool answering "none" (`eval_blind/<set>/accuracy`): the answers a system gives
+    # from memory alone, the control that its held-out answers come from reading the tools.
+    c.train.eval_blind = False
     c.train.checkpoint_every = 10
     c.train.log_transcripts = 2
 
@@ -392,10 +405,10 @@ def _check_lora(p: _Problems, name: str) -> None:
             p.add(f"{name}.lora.target", p.get(f"{name}.lora.target"), str(e).split(": ", 1)[-1])
 
 
-def rl_batch_fields(mode: str, agent: str) -> tuple[str, ...]:
+def rl_batch_fields(mode: str, agent: str, unsync_pop: str = "chunks") -> tuple[str, ...]:
     """The config fields whose product is the row count of one RL batch of `agent`'s policy step."""
     if agent == "sub":
-        if mode == "mgrpo_unsync":
+        if mode == "mgrpo_unsync" and unsync_pop == "chunks":
             return ("rollout.unsync_chunk",)  # one FIFO pop of sub-trajectories
         return ("rollout.queries", "rollout.samples", "rollout.d_max")  # Q*K rollouts x D aligned slots
     return ("rollout.queries", "rollout.samples")  # Q*K episodes
@@ -403,7 +416,11 @@ def rl_batch_fields(mode: str, agent: str) -> tuple[str, ...]:
 
 def rl_batch_rows(config, agent: str) -> int:
     """Rows of one RL batch of `agent`'s policy step; the warm start's batches have `warmstart.batch_size`."""
-    return math.prod(_field(config, name) for name in rl_batch_fields(config.mode, agent))
+    return math.prod(_field(config, name) for name in rl_batch_fields(config.mode, agent, _unsync_pop(config)))
+
+
+def _unsync_pop(config) -> str:
+    return config.rollout.get("unsync_pop", "chunks") if "rollout" in config else "chunks"
 
 
 def _field(config, name: str):
@@ -416,7 +433,7 @@ def _check_micro_batches(p: _Problems, name: str, mode) -> None:
     """Every batch of the agent's train steps (`mgrpo_jax.train.system.batch_rows`) splits into its micro-batches."""
     micro = p.number(f"{name}.micro_batches", 1)
     warm = p.number("warmstart.batch_size", 1)
-    fields = rl_batch_fields(mode, name)
+    fields = rl_batch_fields(mode, name, _unsync_pop(p.config))
     valid = [p.number(field, 1) for field in fields]  # a bad one is reported; the product is then meaningless
     rl_rows = rl_batch_rows(p.config, name) if all(valid) and mode is not _MISSING else None
     if not micro:
@@ -488,6 +505,7 @@ def validate(config, role: str | None = None) -> None:
     p.number("tokenizer.vocab_size", 0)
 
     p.choice("rollout.align_mode", alignment.MODES)
+    p.choice("rollout.unsync_pop", ("chunks", "step"))
     for field in ("queries", "samples", "d_max", "max_turn_tokens", "unsync_chunk"):
         p.number(f"rollout.{field}", 1)
     p.number("rollout.max_sub_calls", 0)
@@ -507,9 +525,21 @@ def validate(config, role: str | None = None) -> None:
         p.number(f"warmstart.{field}", 1 if field in ("batch_size", "examples") else 0)
     p.number("warmstart.checkpoint_every", 1)
     p.number("warmstart.format_target", 0, 1)
+    share = p.number("warmstart.counterfactual_share", 0, 1)
+    if share and p.get("env.grammar") != "compact":
+        p.add("warmstart.counterfactual_share", share, "counterfactual twins exist for the compact world only "
+              "(env.grammar=compact)")
     for field in ("steps", "eval_every", "eval_questions", "checkpoint_every", "log_transcripts"):
         p.number(f"train.{field}", 0)
     p.number("train.eval_runs", 1)
+    eval_sets = p.get("train.eval_sets")
+    if eval_sets is not _MISSING:
+        from mgrpo_jax.env.questions import SPLITS
+
+        for name in str(eval_sets).split(","):
+            if name.strip() not in SPLITS:
+                p.add("train.eval_sets", eval_sets,
+                      f"{name.strip()!r} is not one of {', '.join(SPLITS)}{_did_you_mean(name.strip(), SPLITS)}")
 
     agents = ("single",) if mode == "single_agent" else ("main", "sub")
     for name in agents:

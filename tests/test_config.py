@@ -254,3 +254,16 @@ def test_paper_lora_is_paper_dense_with_lora_on_every_agent():
         assert lora[name].model == paper[name].model and lora[name].mesh.to_dict() == paper[name].mesh.to_dict()
         assert lora[name].model_overrides.param_dtype == "bfloat16"
     assert lora.rollout.to_dict() == paper.rollout.to_dict() and lora.rewards.to_dict() == paper.rewards.to_dict()
+
+
+def test_evaluation_sets_and_counterfactual_share_are_validated():
+    c = get_config("xbench", "figures")
+    c.train.eval_sets = "eval_gaia,fresh,validaton"
+    c.warmstart.counterfactual_share = 1.5
+    problems = _problems(c)
+    assert any(p.startswith("train.eval_sets=") and "'validaton' is not one of" in p and "'validation'" in p
+               for p in problems)
+    assert any(p.startswith("warmstart.counterfactual_share=1.5") for p in problems)
+    c = get_config("xbench", "smoke")  # the chat world has no counterfactual twins
+    c.warmstart.counterfactual_share = 0.5
+    assert any("compact world only" in p for p in _problems(c))

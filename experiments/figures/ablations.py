@@ -91,7 +91,7 @@ def draw(figure: str) -> dict:
         for a, b, key in s["pairs"]]
     results.update(s.get("extra", {}))
     runs.save_png(fig, figure)
-    runs.save_results(figure, results)
+    runs.save_results(figure, results, s["arms"])
     return results
 
 

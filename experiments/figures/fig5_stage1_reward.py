@@ -39,7 +39,7 @@ def main(argv=None) -> dict:
         ax.legend(fontsize=8)
     results["claims"] = claims
     runs.save_png(fig, FIGURE)
-    runs.save_results(FIGURE, results)
+    runs.save_results(FIGURE, results, {"mgrpo": names()})
     return results
 
 

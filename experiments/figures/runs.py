@@ -2,20 +2,22 @@
 
 Every run is `launch/tpu_run.py` in a subprocess with its own workdir under `--root` (default
 `runs/figures`), so each is resumable (a restarted run continues from its latest checkpoint) and a finished
-one is never run twice. The lineage is the paper's curriculum, with `SEEDS` seeds per curve:
+one is never run twice. The lineage is the paper's curriculum, once per seed s = 0..4:
 
-    warm_mgrpo  -> stage1_mgrpo_s{0..4}                                          (Fig. 5)
-                   stage1_mgrpo_s0 -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{0..4}   (Figs. 6-8, d_k)
-                                   -> abl_{align_mask,beta_noexpert,dmax_low,dmax_high}_s{0..4} (ablations)
-    warm_single -> stage1_single_s0 -> stage2_single_agent_s{0..4}                    (Fig. 7)
+    warm_mgrpo_s{s} -> stage1_mgrpo_s{s}                                       (Fig. 5)
+                       stage1_mgrpo_s{s} -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{s}   (Figs. 6-8, d_k)
+                                         -> abl_{align_mask,beta_noexpert,dmax_low,dmax_high}_s{s} (ablations)
+    warm_single_s{s} -> stage1_single_s{s} -> stage2_single_agent_s{s}                    (Fig. 7)
 
-Warm starts are shared (supervised cloning of the scripted experts, run once per architecture); every stage-2
-run of the multi-agent system starts from the same stage-1 checkpoint, and seeds change only the RL sampling,
-the question order and the alignment draws. The ablations are stage-2 `mgrpo` runs with one setting changed;
-the D ablation's two values are chosen from the d_k histogram of the finished stage-2 `mgrpo` runs (below and
-above its 99th percentile, `dmax_choice`), so those runs wait for them. A finished run's `metrics.jsonl` is
-copied to `experiments/figures/logs/<run>.jsonl`; the figure scripts plot from those copies, so the committed
-logs redraw every figure without re-training (`--plot-only`).
+A seed varies everything a user would vary: seed s is its own world (`env.seed` = s, so its names, facts and
+questions), its own supervised warm start (cloning that world's scripted experts) and its own stage-1
+checkpoint, besides the RL sampling, the question order and the alignment draws. The modes of one seed share
+its world, warm start and stage-1 checkpoint, so a claim's per-seed differences are paired by world, and its
+interval over seeds says whether the ordering holds across worlds. The ablations are stage-2 `mgrpo` runs with
+one setting changed; the D ablation's two values are chosen from the d_k histogram of the finished stage-2
+`mgrpo` runs (below and above its 99th percentile, `dmax_choice`), so those runs wait for them. A finished run's
+`metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl`; the figure scripts plot from those copies,
+so the committed logs redraw every figure without re-training (`--plot-only`).
 """
 
 from __future__ import annotations
@@ -72,10 +74,16 @@ class Run:
     def needs(self) -> tuple:
         return ((self.init,) if self.init else ()) + tuple(self.after)
 
+    @property
+    def world(self) -> int:
+        """The world (`env.seed`) this run trains and is evaluated on: its seed's own."""
+        return self.seed
+
     def command(self, root: str) -> list[str]:
         cmd = [sys.executable, os.path.join(REPO, "launch", "tpu_run.py"),
                f"--config={os.path.join(REPO, 'experiments', 'xbench.py')}:figures,{self.mode}",
-               f"--workdir={workdir(root, self.name)}", f"--config.seed={self.seed}", f"--config.stage={self.stage}"]
+               f"--workdir={workdir(root, self.name)}", f"--config.seed={self.seed}",
+               f"--config.env.seed={self.world}", f"--config.stage={self.stage}"]
         if self.init:
             cmd.append(f"--config.init_checkpoint={workdir(root, self.init)}")
         cmd += [f"--config.{key}={resolve(root, value)}" for key, value in self.overrides]
@@ -97,19 +105,21 @@ def _stage2(evaluate: bool) -> tuple:
 
 def _registry(seeds=SEEDS) -> dict[str, Run]:
     warm = (("train.steps", 0), ("train.eval_at_start", False))
-    runs = [Run("warm_mgrpo", "mgrpo", "stage1", overrides=warm),
-            Run("warm_single", "single_agent", "stage1", overrides=warm),
-            Run("stage1_single_s0", "single_agent", "stage1", 0, "warm_single", NO_EVAL)]
-    runs += [Run(f"stage1_mgrpo_s{s}", "mgrpo", "stage1", s, "warm_mgrpo", NO_EVAL) for s in seeds]
+    runs = []
+    for s in seeds:
+        runs += [Run(f"warm_mgrpo_s{s}", "mgrpo", "stage1", s, overrides=warm),
+                 Run(f"warm_single_s{s}", "single_agent", "stage1", s, overrides=warm),
+                 Run(f"stage1_mgrpo_s{s}", "mgrpo", "stage1", s, f"warm_mgrpo_s{s}", NO_EVAL),
+                 Run(f"stage1_single_s{s}", "single_agent", "stage1", s, f"warm_single_s{s}", NO_EVAL)]
     for mode in STAGE2_MODES:
-        init = "stage1_single_s0" if mode == "single_agent" else "stage1_mgrpo_s0"
+        stage1 = "stage1_single" if mode == "single_agent" else "stage1_mgrpo"
         # Fig. 6 compares mgrpo with frozen_sub only; the other modes skip the (costly) avg@3 evaluations.
         overrides = _stage2(evaluate=mode in ("mgrpo", "frozen_sub"))
-        runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, init, overrides) for s in seeds]
+        runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, f"{stage1}_s{s}", overrides) for s in seeds]
     baseline = tuple(f"stage2_mgrpo_s{s}" for s in seeds)
     for ablation, changes in ABLATIONS.items():
         after = baseline if ablation.startswith("dmax_") else ()  # D is chosen from their d_k histogram
-        runs += [Run(f"abl_{ablation}_s{s}", "mgrpo", "stage2", s, "stage1_mgrpo_s0",
+        runs += [Run(f"abl_{ablation}_s{s}", "mgrpo", "stage2", s, f"stage1_mgrpo_s{s}",
                      _stage2(evaluate=False) + changes, after) for s in seeds[:N_ABLATION_SEEDS]]
     return {run.name: run for run in runs}
 
@@ -406,6 +416,11 @@ def compare_panels(axes, keys, groups, ema: float | None = 0.8) -> tuple[dict, d
     return results, curves
 
 
+def worlds(names) -> list[int]:
+    """The world (`env.seed`) of each run of `names`, in order: what a results entry records per arm."""
+    return [RUNS[name].world for name in names]
+
+
 def window_claim(text: str, a: tuple, b: tuple, *, claimed: bool = True, **kw) -> dict:
     """A claimed ordering A > B (or, `claimed=False`, an ablation's which-is-higher) over the last window.
 
@@ -452,8 +467,16 @@ def save_png(fig, figure: str) -> str:
     return path
 
 
-def save_results(figure: str, results: dict) -> str:
-    """Writes a figure's numbers to experiments/figures/results/<figure>.json (the README quotes them)."""
+def save_results(figure: str, results: dict, arms: dict | None = None) -> str:
+    """Writes a figure's numbers to experiments/figures/results/<figure>.json (the README quotes them).
+
+    `arms` ({label: run names}): each arm's runs and their worlds, recorded under "runs" and, in every claim
+    that compares that arm, under the claim's "world_seeds"."""
+    if arms:
+        results["runs"] = {label: {"names": list(names), "world_seeds": worlds(names)} for label, names in arms.items()}
+        for claim in results.get("claims", []) + results.get("comparisons", []):
+            matched = {label: worlds(arms[label]) for label in claim["order"] if label in arms}
+            claim["world_seeds"] = matched or {label: worlds(names) for label, names in arms.items()}
     out_dir = os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{figure}.json")

@@ -36,7 +36,10 @@ STAGE1, STAGE2, VALIDATION = "stage1", "stage2", "validation"
 EVAL_GAIA, EVAL_XBENCH, EVAL_WEBWALKER = "eval_gaia", "eval_xbench", "eval_webwalker"
 TRAIN_SPLITS = (STAGE1, STAGE2)
 HELD_OUT_SPLITS = (VALIDATION, EVAL_GAIA, EVAL_XBENCH, EVAL_WEBWALKER)
-SPLITS = (*TRAIN_SPLITS, *HELD_OUT_SPLITS)
+# Stage-2 questions that no training split holds, drawn like stage 2 (held-out facts excluded): what the system
+# scores on its own training distribution, against which the held-out sets' accuracy is a transfer gap.
+FRESH = "fresh"
+SPLITS = (*TRAIN_SPLITS, *HELD_OUT_SPLITS, FRESH)
 
 LOOKUP, CHAIN, COMPARE, SUM, DIFFERENCE, DATE_GAP, WALK = (
     "lookup", "chain", "compare", "sum", "difference", "date_gap", "walk"
@@ -59,7 +62,7 @@ _SPLIT_MIX: dict[str, tuple[tuple[str, float, tuple[int, int]], ...]] = {
     EVAL_XBENCH: ((CHAIN, 0.7, (3, 4)), (COMPARE, 0.3, (4, 4))),
     EVAL_WEBWALKER: ((WALK, 1.0, (2, 3)),),
 }
-_SPLIT_MIX[VALIDATION] = _SPLIT_MIX[STAGE2]
+_SPLIT_MIX[VALIDATION] = _SPLIT_MIX[FRESH] = _SPLIT_MIX[STAGE2]
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class QuestionSetSizes:
     eval_gaia: int = 165
     eval_xbench: int = 100
     eval_webwalker: int = 680
+    fresh: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class QuestionSets:
     eval_gaia: tuple[Question, ...]
     eval_xbench: tuple[Question, ...]
     eval_webwalker: tuple[Question, ...]
+    fresh: tuple[Question, ...] = ()
 
     def split(self, name: str) -> tuple[Question, ...]:
         if name not in SPLITS:
@@ -140,7 +145,7 @@ def topic_pool(seed: int, entity_id: int) -> str:
 
 
 def _pool_name(split: str) -> str:
-    return STAGE1 if split in TRAIN_SPLITS else split
+    return STAGE1 if split in (*TRAIN_SPLITS, FRESH) else split
 
 
 # ---------------------------------------------------------------- paths
@@ -353,7 +358,7 @@ def _sample_split(
         draft = _draft(rng, world, pool_topics, kind, hops)
         if draft is None or draft.text in seen_texts or (draft.kind, draft.answer_path) in seen_paths:
             continue
-        if split in TRAIN_SPLITS and reserved_facts.intersection(draft.answer_path):
+        if split not in HELD_OUT_SPLITS and reserved_facts.intersection(draft.answer_path):
             continue
         seen_texts.add(draft.text)
         seen_paths.add((draft.kind, draft.answer_path))
@@ -387,7 +392,7 @@ def generate_questions(world: World, seed: int = 0, sizes: QuestionSetSizes | No
     seen_texts: set[str] = set()
     built: dict[str, tuple[Question, ...]] = {}
     # Held-out sets first, so training questions can steer clear of every fact they read.
-    for split in (*HELD_OUT_SPLITS, STAGE2, STAGE1):
+    for split in (*HELD_OUT_SPLITS, STAGE2, STAGE1, FRESH):
         rng = random.Random(f"questions/{seed}/{split}")
         built[split] = _sample_split(
             rng, world, split, getattr(sizes, split), pools[_pool_name(split)], reserved, seen_texts

@@ -132,3 +132,14 @@ def record_rows(payloads: Sequence[dict], advantages, seq_len: int, pad_id: int 
                  "top_k": np.asarray([p.get("top_k", 0) for p in payloads], np.int32),
                  "top_p": np.asarray([p.get("top_p", 1.0) for p in payloads], np.float32)})
     return rows
+
+
+def pad_rows(rows: dict[str, np.ndarray], count: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """`rows` grown to `count` rows with padding rows that train nothing (weight 0, no trained token, advantage
+    0, temperature 1): a batch of fewer records in a train step compiled for `count` rows."""
+    n = len(rows["weights"])
+    if n > count:
+        raise ValueError(f"{n} rows do not fit a batch of {count}")
+    fill = {"tokens": pad_id, "temperature": 1.0, "top_p": 1.0}
+    return {key: np.concatenate([value, np.full((count - n, *value.shape[1:]), fill.get(key, 0), value.dtype)])
+            for key, value in rows.items()}

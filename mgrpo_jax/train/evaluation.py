@@ -26,8 +26,7 @@ from mgrpo_jax.train.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
-EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker")
-SET_PROTOCOLS = {"eval_gaia": "gaia", "eval_xbench": "xbench", "eval_webwalker": "webwalker"}
+SET_PROTOCOLS = {"eval_gaia": "gaia", "eval_xbench": "xbench", "eval_webwalker": "webwalker"}  # others: "world"
 JUDGELESS = ("gaia", "world")  # protocols whose own scorer is exact match
 
 
@@ -37,11 +36,12 @@ def _score_record(benchmark: str, prediction: str, gold: str) -> bool:
 
 
 def evaluation_sets(config, env) -> dict:
-    """{name: (questions, exact-match scorer, protocol)}: the offline world's three held-out sets, plus the real
+    """{name: (questions, exact-match scorer, protocol)}: the world's sets named by `train.eval_sets`, plus the real
     benchmark's records when `config.env.benchmark_path` names its files (scored by that benchmark's own rule)."""
     limit = config.train.eval_questions or None
-    sets = {name: (list(env.questions.split(name))[:limit], world_answer_correct, SET_PROTOCOLS[name])
-            for name in EVAL_SETS}
+    names = [name.strip() for name in str(config.train.eval_sets).split(",") if name.strip()]
+    sets = {name: (list(env.questions.split(name))[:limit], world_answer_correct, SET_PROTOCOLS.get(name, "world"))
+            for name in names}
     path = config.env.benchmark_path
     if path:
         benchmark = config.benchmark
@@ -77,25 +77,31 @@ def score_episodes(name: str, questions, episodes, scorer, judge: HttpJudge | No
     return scores
 
 
-def evaluate(config, env, engine, step: int, progress: RunProgress | None = None) -> dict:
+def evaluate(config, env, engine, step: int, progress: RunProgress | None = None, blind_engine=None) -> dict:
     """`eval/<set>/accuracy`: avg@`train.eval_runs` accuracy on each evaluation set, sampled at the rollout
-    temperature by the whole system. With `progress`, a bar over the sets' questions and a log line per set."""
+    temperature by the whole system; with `blind_engine` (the same agents, every tool answering "none") also
+    `eval_blind/<set>/accuracy`. With `progress`, a bar over the sets' questions and a log line per set."""
     out, sets = {}, evaluation_sets(config, env)
-    total = sum(len(questions) for questions, _, _ in sets.values())
+    runs = [("eval", engine)] + ([("eval_blind", blind_engine)] if blind_engine is not None else [])
+    total = len(runs) * sum(len(questions) for questions, _, _ in sets.values())
     bar = (progress or RunProgress(enabled=False)).phase(f"eval at step {step}", total)
-    for name, (questions, scorer, protocol) in sets.items():
-        if not questions:  # a world too small to draw this set
-            log.warning("evaluation set %s is empty; skipped", name)
-            continue
-        result = engine.run(questions, config.train.eval_runs, seed=derive_seed(config.seed, "eval", step, name))
-        judge = set_judge(config, protocol, scorer)
-        correct = score_episodes(name, questions, [e for row in result.top for e in row], scorer, judge)
-        out[f"eval/{name}/accuracy"] = float(np.mean(correct))
-        bar.update(bar.done + len(questions), accuracy=out[f"eval/{name}/accuracy"])
-        judged = "exact match" if judge is None else \
-            f"{protocol} judge: {judge.counts['calls']} calls, {judge.counts['fast_path']} exact matches"
-        log.info("eval at step %d: %s accuracy %.3f (avg@%d over %d questions, %s) | %s", step, name,
-                 out[f"eval/{name}/accuracy"], config.train.eval_runs, len(questions), judged, bar.line())
+    for prefix, system_engine in runs:
+        for name, (questions, scorer, protocol) in sets.items():
+            if not questions:  # a world too small to draw this set
+                log.warning("evaluation set %s is empty; skipped", name)
+                continue
+            # The blind run draws the same samples as the seeing one until a tool answers.
+            seed = derive_seed(config.seed, "eval", step, name)
+            result = system_engine.run(questions, config.train.eval_runs, seed=seed)
+            judge = set_judge(config, protocol, scorer)
+            correct = score_episodes(name, questions, [e for row in result.top for e in row], scorer, judge)
+            key = f"{prefix}/{name}/accuracy"
+            out[key] = float(np.mean(correct))
+            bar.update(bar.done + len(questions), accuracy=out[key])
+            judged = "exact match" if judge is None else \
+                f"{protocol} judge: {judge.counts['calls']} calls, {judge.counts['fast_path']} exact matches"
+            log.info("%s at step %d: %s accuracy %.3f (avg@%d over %d questions, %s) | %s", prefix, step, name,
+                     out[key], config.train.eval_runs, len(questions), judged, bar.line())
     bar.close()
     return out
 

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from mgrpo_jax.config import rl_batch_rows
 from mgrpo_jax.core import TargetsConfig, d_histogram
 from mgrpo_jax.env.prompts import SUB
 from mgrpo_jax.rollout import batches
@@ -152,7 +153,8 @@ class UnsyncSubSide(SubSide):
             seed=derive_seed(cfg.seed, "unsync", step), start_version=learner.version,
             passes=learner.config.passes, seq_len_limit=learner.config.context_tokens,
             pad_id=learner.tokenizer.pad_id, advantages=self.advantages,
-            timeout_s=float(cfg.decoupled.timeout_s))
+            timeout_s=float(cfg.decoupled.timeout_s), pop=cfg.rollout.unsync_pop,
+            rows=rl_batch_rows(cfg, SUB))
         return {**self.figures(data, targets, stats), **metrics}, chunks
 
     def host_state(self) -> dict:

@@ -306,15 +306,18 @@ def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = 
 
 
 def build_engine(config, tokenizer: ChatTokenizer, env: OfflineEnvironment | CompactEnvironment,
-                 agents: dict[str, Learner], sub_executor=None) -> RolloutEngine:
+                 agents: dict[str, Learner], sub_executor=None, blind: bool = False) -> RolloutEngine:
     """The rollout engine, each agent with its own tokenizer; an agent missing from `agents` (the other job's, in
     decoupled mode) gets a runtime without a sampler: its prompt, tools and tokenizer are known here, its turns
-    are not sampled here."""
+    are not sampled here. `blind`: every tool answers "none" (delegation still runs the sub-agent, whose tools
+    are blind too): the evaluation's control for answers that come from memory."""
     limits = RolloutLimits(max_turn_tokens=config.rollout.max_turn_tokens, max_sub_calls=config.rollout.max_sub_calls,
                            temperature=config.rollout.temperature)
 
     def runtime(name, prompt_and_tools, can_delegate):
         prompt, tools = prompt_and_tools
+        if blind:
+            tools = {tool: _answer_none for tool in tools}
         sampler = agents[name].sampler if name in agents else None
         own = getattr(agents.get(name), "tokenizer", None) or agent_tokenizer(config, name, tokenizer)
         return AgentRuntime(name, sampler, prompt, tools, can_delegate=can_delegate,
@@ -339,6 +342,10 @@ def build_engine(config, tokenizer: ChatTokenizer, env: OfflineEnvironment | Com
         return RolloutEngine(tokenizer, runtime(SINGLE, prompt_and_tools(SINGLE), False), None, limits, grammar=grammar)
     return RolloutEngine(tokenizer, runtime(MAIN, prompt_and_tools(MAIN), True),
                          runtime(SUB, prompt_and_tools(SUB), False), limits, sub_executor, grammar=grammar)
+
+
+def _answer_none(arguments, session=None) -> str:
+    return "none"
 
 
 def _execute(toolbox, name: str, arguments, session=None) -> str:

@@ -100,8 +100,11 @@ class Trainer:
         return init_from_checkpoint(path, self.agents)
 
     def evaluate(self) -> dict:  # the held-out sets run the whole system
-        return evaluation.evaluate(self.config, self.env, self.engine, self.step, self.progress) \
-            if self.holds_every_agent else {}
+        if not self.holds_every_agent:
+            return {}
+        blind = system.build_engine(self.config, self.tokenizer, self.env, self.agents, blind=True) \
+            if self.config.train.eval_blind else None
+        return evaluation.evaluate(self.config, self.env, self.engine, self.step, self.progress, blind)
 
     # -- one RL step ------------------------------------------------------------------------------------
 

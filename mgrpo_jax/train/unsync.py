@@ -21,6 +21,14 @@ running mean of pushes lags behind any trend in d_k and lets the backlog drift; 
 with weight-0 rows to the compiled size spends compute on padding and changes the update's batch size from
 step to step.
 
+**Pop: one step's records, at equal work (`rollout.unsync_pop = "step"`).** The chunk rule trains the FIFO's
+sub-agent more often than the synchronised one (2.5 chunks per RL step in the figures' runs), so a comparison of
+the two modes also compares amounts of training. Under "step", each RL step first pops every record waiting --
+exactly the previous step's pushes -- and then pushes its own: one update (times `passes`) per step on the same
+number of real sub-trajectories the synchronised mode trains on, in its compiled batch (Q*K*D rows, the rest
+weight-0 padding; records beyond Q*K*D wait for the next step, as the synchronised mode drops calls beyond D).
+Only the pairing differs: the sub-agent learns from the main agent's previous step, grouped by arrival.
+
 **Groups by arrival.** Consecutive `group` (= `rollout.samples`) records of a chunk form one z-score group,
 without regard to query (`arrival_advantages`); a trailing group shorter than `group` (a chunk that is not a
 multiple of it) is scored over its own members, so no record is wasted.
@@ -120,17 +128,33 @@ def staleness(chunks: Sequence[Sequence[Record]], start_version: int, passes: in
     return float(np.mean(gaps)) if gaps else 0.0
 
 
+def pop_step(consumer, rows: int, timeout_s: float = 5.0) -> tuple[list[list[Record]], int]:
+    """Pops every record waiting, up to one batch of `rows` (the "step" rule); returns ([records] or [], backlog)."""
+    backlog = consumer.backlog()
+    n = min(int(backlog), int(rows))
+    if n == 0:
+        return [], backlog
+    return [consumer.pop(n, timeout_s=timeout_s)], backlog - n
+
+
 def unsync_step(fifo, consumer, records: Sequence[Record], *, chunk: int, group: int, seed: int,
                 start_version: int, passes: int, seq_len_limit: int, pad_id: int, advantages=None,
-                timeout_s: float = 5.0) -> tuple[list[dict], dict]:
-    """Push the step's records (shuffled), pop every full chunk, score each chunk's arrival groups.
+                timeout_s: float = 5.0, pop: str = "chunks", rows: int = 0) -> tuple[list[dict], dict]:
+    """Push the step's records (shuffled), pop every full chunk, score each chunk's arrival groups; with
+    `pop="step"`, pop the previous step's records first (at most `rows`, padded to `rows` with weight-0 rows),
+    then push.
 
     `advantages`: the estimator over [G, N] groups (default: `core.group_advantages`). Returns (one policy batch
     per chunk, oldest first, each with `chunk` rows and a `temperature` column; metrics: `sub/fifo_pushed`,
     `sub/fifo_popped`, `sub/fifo_backlog`, `sub/unsync_chunks`, and `sub/staleness` when something was popped).
     """
-    pushed = push(fifo, records, seed)
-    chunks, backlog = pop_chunks(consumer, chunk, timeout_s)
+    if pop == "step":
+        chunks, backlog = pop_step(consumer, rows, timeout_s)
+        pushed = push(fifo, records, seed)
+        backlog += pushed
+    else:
+        pushed = push(fifo, records, seed)
+        chunks, backlog = pop_chunks(consumer, chunk, timeout_s)
     metrics = {"sub/fifo_pushed": float(pushed), "sub/fifo_popped": float(sum(len(c) for c in chunks)),
                "sub/fifo_backlog": float(backlog), "sub/unsync_chunks": float(len(chunks))}
     if not chunks:
@@ -141,5 +165,6 @@ def unsync_step(fifo, consumer, records: Sequence[Record], *, chunk: int, group:
         payloads = [r.payload for r in popped]
         adv = arrival_advantages([p["reward"] for p in payloads], group, advantages)
         seq_len = batches.bucket_length([len(p["tokens"]) for p in payloads], seq_len_limit)
-        out.append(batches.record_rows(payloads, adv, seq_len, pad_id))
+        batch = batches.record_rows(payloads, adv, seq_len, pad_id)
+        out.append(batches.pad_rows(batch, rows, pad_id) if pop == "step" else batch)
     return out, metrics

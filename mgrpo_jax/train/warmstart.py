@@ -34,6 +34,10 @@ CHECKPOINTS = "warmstart_checkpoints"
 LOG_EVERY = 25  # warm-start steps between log lines (and metric-log entries)
 
 
+# Counterfactual twins the warm start draws its demonstrations from (each a whole world's facts drawn again).
+COUNTERFACTUAL_TWINS = 64
+
+
 @dataclasses.dataclass
 class WarmStart:
     """The warm start of the `learners` this process holds (`run` does it), with what it reads: the world's
@@ -49,13 +53,27 @@ class WarmStart:
     check_format: bool = True
 
     def demonstrations(self, agent: str, count: int, seed: int) -> list:
-        """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions."""
-        experts = self.env.experts(system.noise_config(self.config))
+        """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions; a
+        `warmstart.counterfactual_share` of them in counterfactual twins of the world (its entities and
+        questions, its facts drawn again), one of `COUNTERFACTUAL_TWINS` per demonstration."""
+        noise = system.noise_config(self.config)
+        share = float(self.config.warmstart.counterfactual_share)
+        twins = {}
+
+        def experts_for(draw: float, twin: int):
+            key = 1 + twin % COUNTERFACTUAL_TWINS if draw < share else 0
+            if key not in twins:
+                twins[key] = self.env.experts(noise, counterfactual=key) if key else self.env.experts(noise)
+            return twins[key]
+
         pool = list(self.env.questions.stage1) + list(self.env.questions.stage2)
-        order = np.random.default_rng(seed).permutation(len(pool))
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(len(pool))
+        draws, twin_ids = rng.random(len(pool)), rng.integers(0, COUNTERFACTUAL_TWINS, len(pool))
         examples = []
-        for i in order:
+        for n, i in enumerate(order):
             question = pool[int(i)]
+            experts = experts_for(draws[n], int(twin_ids[n]))
             if agent == SINGLE:
                 episodes = [experts.single_agent(question).top]
             else:

@@ -16,7 +16,8 @@ from mgrpo_jax.env.protocol import BAD_CALL_SCHEMA, UNKNOWN_TOOL, FinalAnswer, F
 from mgrpo_jax.env.questions import HELD_OUT_SPLITS, QuestionSetSizes
 from mgrpo_jax.train import system
 
-SIZES = QuestionSetSizes(stage1=300, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30)
+SIZES = QuestionSetSizes(stage1=300, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30,
+                         fresh=30)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,27 @@ def test_world_is_deterministic_and_names_are_ambiguous(env):
         assert " " not in value
 
 
+def test_counterfactual_twins_keep_the_entities_and_questions_and_redraw_every_fact(env):
+    twin = generate_compact_world(0, counterfactual=3)
+    assert twin.entities == env.world.entities and twin.facts.keys() == env.world.facts.keys()
+    assert dict(generate_compact_world(0, counterfactual=3).facts) == dict(twin.facts)  # deterministic
+    changed = sum(twin.facts[k] != v for k, v in env.world.facts.items())
+    assert changed > 0.9 * len(twin.facts)
+    assert dict(generate_compact_world(0, counterfactual=4).facts) != dict(twin.facts)
+    # The experts of a twin answer the twin's facts: the same task has the twin's value, read from its pages.
+    experts = env.experts(CompactNoise.clean(), counterfactual=3)
+    for q in env.questions.stage1[:20]:
+        (entity_id, fact), = q.answer_path
+        task = f"{fact} {twin.entities[entity_id].name}"
+        assert experts.sub_agent(task).answer == twin.facts[(entity_id, fact)]
+    for q in env.questions.stage2[:20]:
+        if q.kind == "chain":  # the chain follows the twin's values hop by hop
+            value = twin.entities[q.answer_path[0][0]].name
+            for _, fact in q.answer_path:
+                value = twin.lookup(fact, value)
+            assert experts.main_agent(q).answer == value
+
+
 def test_search_open_and_calc(env):
     world = env.world
     person = world.of_kind("person")[0]
@@ -136,7 +158,7 @@ def test_judge_scores_the_true_value(env):
 # -- questions -----------------------------------------------------------------------------------------------
 
 
-def test_questions_have_world_answers_and_disjoint_held_out_sets(env):
+def test_questions_have_world_answers_and_held_out_fact_paths(env):
     world = env.world
     for split, questions in env.questions.items():
         assert questions, split
@@ -147,15 +169,21 @@ def test_questions_have_world_answers_and_disjoint_held_out_sets(env):
                     assert world.entities[entity_id].name == value
                     value = world.facts[(entity_id, fact)]
                 assert value == q.answer
+    # Held out by fact path: no training or fresh question reads a fact a held-out question reads...
     held_out = {step for split in HELD_OUT_SPLITS for q in env.questions.split(split) for step in q.answer_path}
-    for q in env.questions.stage1 + env.questions.stage2:
+    training = env.questions.stage1 + env.questions.stage2
+    for q in training + env.questions.fresh:
         assert not held_out & set(q.answer_path)
-    training_topics = {t for q in env.questions.stage1 + env.questions.stage2 for t in q.topic_ids}
-    for split in ("eval_gaia", "eval_xbench", "eval_webwalker"):
-        names = {world.entities[t].name for q in env.questions.split(split) for t in q.topic_ids}
-        assert not names & {world.entities[t].name for t in training_topics}
+    # ...and every name is the subject of a training question, as a pretrained model has seen every entity.
+    training_subjects = {world.entities[t].name for q in training for t in q.topic_ids}
+    people = {e.name for e in world.of_kind("person")}
+    assert training_subjects == people
+    for split in HELD_OUT_SPLITS:
+        assert {world.entities[t].name for q in env.questions.split(split) for t in q.topic_ids} <= training_subjects
+    texts = [q.text for _, questions in env.questions.items() for q in questions]
+    assert len(texts) == len(set(texts))
     assert {q.hops for q in env.questions.eval_xbench} == {3}
-    assert {q.kind for q in env.questions.stage2} == {"chain", "compare"}
+    assert {q.kind for q in env.questions.stage2} == {q.kind for q in env.questions.fresh} == {"chain", "compare"}
 
 
 # -- tokenizer -----------------------------------------------------------------------------------------------

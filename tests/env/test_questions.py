@@ -6,7 +6,8 @@ from mgrpo_jax.env import calculator, questions
 from mgrpo_jax.env.questions import QuestionSetSizes, filter_low_success, generate_questions
 from mgrpo_jax.env.world import generate_world
 
-SIZES = QuestionSetSizes(stage1=150, stage2=150, validation=40, eval_gaia=40, eval_xbench=40, eval_webwalker=40)
+SIZES = QuestionSetSizes(stage1=150, stage2=150, validation=40, eval_gaia=40, eval_xbench=40, eval_webwalker=40,
+                         fresh=20)
 
 
 @cache
@@ -22,7 +23,10 @@ def _walk_value(world, path):
 def test_split_sizes_kinds_and_hops():
     _, sets = env()
     assert {name: len(split) for name, split in sets.items()} == {
-        "stage1": 150, "stage2": 150, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40}
+        "stage1": 150, "stage2": 150, "validation": 40, "eval_gaia": 40, "eval_xbench": 40, "eval_webwalker": 40,
+        "fresh": 20}
+    assert {q.kind for q in sets.fresh} <= {q.kind for q in sets.stage2}
+    assert not {q.text for q in sets.fresh} & {q.text for q in sets.stage1 + sets.stage2}
     assert {q.kind for q in sets.stage1} == {"lookup"} and {q.hops for q in sets.stage1} == {1}
     assert {q.hops for q in sets.stage2} == {2, 3, 4}
     assert {q.kind for q in sets.stage2} >= {"chain", "compare", "sum", "difference", "date_gap"}
@@ -56,7 +60,7 @@ def test_gold_answers_follow_the_world():
 
 def test_held_out_sets_share_no_fact_with_training():
     world, sets = env()
-    train_facts = {fact for split in (sets.stage1, sets.stage2) for q in split for fact in q.answer_path}
+    train_facts = {fact for split in (sets.stage1, sets.stage2, sets.fresh) for q in split for fact in q.answer_path}
     train_topics = {topic for split in (sets.stage1, sets.stage2) for q in split for topic in q.topic_ids}
     for name in questions.HELD_OUT_SPLITS:
         for question in sets.split(name):

@@ -139,27 +139,32 @@ def test_bootstrap_interval_properties(a, b, paired, shift):
 # -- the runs ----------------------------------------------------------------------------------------------
 
 
-def test_every_stage2_run_of_a_system_starts_from_one_stage1_checkpoint():
-    main_set = [r for r in runs.RUNS.values() if r.stage == "stage2" and r.mode != "single_agent"]
-    # 3 modes with 5 seeds and 4 ablations with 3, all from one stage-1 checkpoint.
-    assert {run.init for run in main_set} == {"stage1_mgrpo_s0"} and len(main_set) == 3 * 5 + 4 * 3
-    assert {runs.RUNS[n].init for n in runs.stage2("single_agent")} == {"stage1_single_s0"}
+def test_each_seed_is_its_own_world_warm_start_and_stage1_checkpoint():
     assert runs.SEEDS == (0, 1, 2, 3, 4)
+    for s in runs.SEEDS:
+        # Every run of seed s trains on world s, from seed s's own warm start and stage-1 checkpoint.
+        lineage = [n for n in runs.RUNS if n.endswith(f"_s{s}")]
+        assert {runs.RUNS[n].world for n in lineage} == {s}
+        assert runs.RUNS[f"stage1_mgrpo_s{s}"].init == f"warm_mgrpo_s{s}"
+        assert runs.RUNS[f"stage1_single_s{s}"].init == f"warm_single_s{s}"
+        for mode in ("mgrpo", "frozen_sub", "mgrpo_unsync"):
+            assert runs.RUNS[f"stage2_{mode}_s{s}"].init == f"stage1_mgrpo_s{s}"
+        assert runs.RUNS[f"stage2_single_agent_s{s}"].init == f"stage1_single_s{s}"
     for mode in runs.STAGE2_MODES:
-        assert sorted(runs.RUNS[n].seed for n in runs.stage2(mode)) == [0, 1, 2, 3, 4]
+        assert runs.worlds(runs.stage2(mode)) == [0, 1, 2, 3, 4]  # distinct worlds, one per seed
     for ablation in runs.ABLATIONS:
         assert sorted(runs.RUNS[n].seed for n in runs.ablation(ablation)) == [0, 1, 2]
-    assert sorted(runs.RUNS[f"stage1_mgrpo_s{s}"].seed for s in range(5)) == [0, 1, 2, 3, 4]
-    assert len(runs.RUNS) == 2 + 1 + 5 + 4 * 5 + 4 * runs.N_ABLATION_SEEDS
-    assert not any("sub600" in name for name in runs.RUNS)  # the old follow-up is gone
+    assert len(runs.RUNS) == 4 * 5 + 4 * 5 + 4 * runs.N_ABLATION_SEEDS
     assert runs.lineage(["stage2_mgrpo_s2", "stage2_frozen_sub_s1"]) == [
-        "warm_mgrpo", "stage1_mgrpo_s0", "stage2_mgrpo_s2", "stage2_frozen_sub_s1"]
+        "warm_mgrpo_s2", "stage1_mgrpo_s2", "stage2_mgrpo_s2", "warm_mgrpo_s1", "stage1_mgrpo_s1",
+        "stage2_frozen_sub_s1"]
     # The D ablation waits for every default stage-2 run (its D comes from their d_k histogram).
-    assert runs.lineage(["abl_dmax_high_s2"]) == ["warm_mgrpo", "stage1_mgrpo_s0", *runs.stage2("mgrpo"),
-                                                  "abl_dmax_high_s2"]
-    assert runs.lineage(["abl_align_mask_s1"]) == ["warm_mgrpo", "stage1_mgrpo_s0", "abl_align_mask_s1"]
+    assert runs.lineage(["abl_dmax_high_s2"])[-1] == "abl_dmax_high_s2"
+    assert set(runs.stage2("mgrpo")) < set(runs.lineage(["abl_dmax_high_s2"]))
+    assert runs.lineage(["abl_align_mask_s1"]) == ["warm_mgrpo_s1", "stage1_mgrpo_s1", "abl_align_mask_s1"]
     assert runs.descendants("stage1_mgrpo_s0") > runs.descendants("stage2_mgrpo_s0") > 0
-    assert runs.descendants("stage1_mgrpo_s4") == 0
+    # Its three stage-2 modes, and the six D-ablation runs that wait for stage2_mgrpo_s4 (no ablation runs seed 4).
+    assert runs.descendants("stage1_mgrpo_s4") == 3 + 6
     with pytest.raises(KeyError, match="unknown run 'nope'"):
         runs.lineage(["nope"])
 
@@ -177,14 +182,14 @@ def test_run_command_names_the_preset_mode_seed_parent_and_ablation(tmp_path):
     cmd = runs.RUNS["stage2_frozen_sub_s1"].command(str(tmp_path))
     assert any(c.endswith("xbench.py:figures,frozen_sub") for c in cmd)
     assert f"--workdir={tmp_path}/stage2_frozen_sub_s1" in cmd
-    assert "--config.seed=1" in cmd and "--config.stage=stage2" in cmd
-    assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s0" in cmd
+    assert "--config.seed=1" in cmd and "--config.env.seed=1" in cmd and "--config.stage=stage2" in cmd
+    assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s1" in cmd
     assert not any(".train.eval_every=" in c or ".train.steps=" in c for c in cmd)  # the preset's, evaluated
     cmd = runs.RUNS["abl_align_mask_s2"].command(str(tmp_path))
     assert "--config.rollout.align_mode=mask" in cmd and "--config.seed=2" in cmd
     assert "--config.train.eval_every=0" in cmd and "--config.train.eval_at_start=False" in cmd  # no evaluations
     assert not any(".train.steps=" in c for c in cmd)  # the preset's length, as the default runs
-    assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s0" in cmd
+    assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s2" in cmd
     assert "--config.rewards.beta=(0.1,0.9,0.0)" in runs.RUNS["abl_beta_noexpert_s0"].command(str(tmp_path))
     (tmp_path / "dmax.json").write_text(json.dumps({"p99": 3, "low": 2, "high": 5}))
     assert "--config.rollout.d_max=2" in runs.RUNS["abl_dmax_low_s0"].command(str(tmp_path))
@@ -279,7 +284,7 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     # One at a time, the order is the priority: the runs that most others need first.
     runs.ensure(list(runs.RUNS), str(tmp_path / "serial"), jobs=1)
     started = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "starting" in line]
-    assert started[:4] == ["warm_mgrpo", "stage1_mgrpo_s0", "warm_single", "stage2_mgrpo_s0"]  # ties: registry order
+    assert started[:2] == ["warm_mgrpo_s0", "stage1_mgrpo_s0"]  # the run most others need, then its child
 
 
 # -- reading logs and drawing -------------------------------------------------------------------------------
@@ -328,16 +333,26 @@ def test_dk_percentile_and_histogram_sum_over_runs_and_steps(fake_logs):
     assert dk_histogram.histogram(["x"], slice(1, None)).tolist() == [1, 2, 1]
 
 
+EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker", "validation", "fresh")
+
+
 def _reward_logs(logs, names, top, level, rng, steps=12, extra=None):
-    """Logs whose reward is `level` plus noise of std 0.01 at every step (and eval rows every 6 steps)."""
+    """Logs whose reward is `level` plus noise of std 0.01 at every step (and eval rows every 6 steps: `fresh` at
+    `level` + 0.05, the others at `level`, each blind at 0.01)."""
+    def evals(noise):
+        out = {f"eval/{x}/accuracy": level + (0.05 if x == "fresh" else 0.0) + noise() for x in EVAL_SETS}
+        return {**out, **{f"eval_blind/{x}/accuracy": 0.01 for x in EVAL_SETS}}
+
     for name in names:
-        rows = [{"step": 0, **{f"eval/{s}/accuracy": level for s in ("eval_gaia", "eval_xbench", "eval_webwalker")}}]
+        rows = [{"step": 0, **evals(lambda: 0.0)}]
         for s in range(1, steps + 1):
             row = {"step": s, f"{top}/reward": level + float(rng.normal(0, 0.01)), f"{top}/correct": level / 2,
-                   f"{top}/format_ok": 0.5, "sub/reward": level / 3, "d_k/hist/0": 5, "d_k/hist/1": 3, "d_k/hist/2": 0}
+                   f"{top}/format_ok": 0.5, "sub/reward": level / 3, "d_k/hist/0": 5, "d_k/hist/1": 3, "d_k/hist/2": 0,
+                   f"{top}/end/context": 0.02, f"{top}/end/max_turns": 0.0, "sub/end/context": 0.01,
+                   "sub/end/max_turns": 0.0, "sub/episodes": 300.0, "sub/unsync_chunks": 1.0,
+                   "sub/fifo_popped": 290.0}
             if s % 6 == 0:
-                row.update({f"eval/{x}/accuracy": level + float(rng.normal(0, 0.01))
-                            for x in ("eval_gaia", "eval_xbench", "eval_webwalker")})
+                row.update(evals(lambda: float(rng.normal(0, 0.01))))
             row.update((extra or {}).get(s, {}))
             rows.append(row)
         _write_logs(logs, name, rows)
@@ -351,8 +366,12 @@ def test_figure_draws_from_logs_only_with_the_claims_statistics(fake_logs):
     png = fake_logs.parent / "fig7_stage2_reward.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((fake_logs.parent / "results" / "fig7_stage2_reward.json").read_text())
-    assert set(saved) == {"claims"} | {f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical")
-                                       for k in ("reward", "correct")}
+    assert set(saved) == {"claims", "runs", "limit_shares"} | {
+        f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical") for k in ("reward", "correct")}
+    assert saved["runs"]["mgrpo"] == {"names": runs.stage2("mgrpo"), "world_seeds": [0, 1, 2, 3, 4]}
+    assert saved["limit_shares"]["single_agent"] == pytest.approx({"single/end/context": 0.02,
+                                                                   "single/end/max_turns": 0.0})
+    assert saved["limit_shares"]["mgrpo"]["sub/end/context"] == pytest.approx(0.01)
     assert saved["identical/reward"] == []  # independent noisy curves
     assert saved["identical/correct"] == [["frozen_sub", "single_agent"]]  # both constant 0.15
     assert saved["mgrpo/reward"]["last"] == pytest.approx(results["mgrpo/reward"]["last"])
@@ -362,6 +381,8 @@ def test_figure_draws_from_logs_only_with_the_claims_statistics(fake_logs):
     assert second["claim"] == "stage-2 reward: frozen_sub > single_agent" and second["verdict"] == "inconclusive"
     for claim in saved["claims"]:
         assert claim["n_seeds"] == 5 and claim["window"] == 4 and claim["window_steps"] == [9, 12]
+        assert claim["paired"]  # the modes of a seed share its world, warm start and stage-1 checkpoint
+        assert claim["world_seeds"] == {label: [0, 1, 2, 3, 4] for label in claim["order"]}
         lo, hi = claim["ci95"]
         assert lo <= hi
         a, b = (claim["arms"][label] for label in claim["order"])
@@ -430,6 +451,12 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
             assert entry["n_seeds"] == 3 and all({"mean", "std"} <= set(a) for a in entry["arms"].values())
     # Fig. 6 is tested on the last evaluation (step 12) only: 3 evaluations, the last third is one.
     assert results["fig6_accuracy"]["claims"][0]["window_steps"] == [12, 12]
+    controls = results["fig6_accuracy"]["controls"]
+    assert controls["transfer_gap"]["diff"] == pytest.approx(0.05, abs=0.02)  # fresh logged 0.05 above validation
+    assert controls["transfer_gap"]["paired"] and controls["transfer_gap"]["n_seeds"] == 3
+    assert controls["blind"]["validation"]["mean"] == pytest.approx(0.01)
+    assert results["fig8_sync"]["work_per_step"] == {"synchronised": {"updates": 1.0, "trajectories": 300.0},
+                                                     "unsynchronised": {"updates": 1.0, "trajectories": 290.0}}
     ablation = {c["claim"]: c["verdict"] for f in ablations.FIGURES for c in results[f]["comparisons"]}
     assert ablation["main/reward: mask vs duplicate"] == "duplicate > mask"
     assert ablation["main/reward: D = 4 (high) vs D = 2 (preset)"] == "D = 4 (high) > D = 2 (preset)"

@@ -211,3 +211,22 @@ def test_a_temperature_override_travels_with_the_episodes_and_trains_at_ratio_on
     metrics = sub.train(sub_rows)
     assert metrics["sub/train/ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["sub/train/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_blind_evaluation_runs_the_same_agents_with_every_tool_answering_none(tmp_path):
+    config = _compact(steps=1)
+    config.train.eval_sets = "eval_gaia,validation,fresh"
+    config.env.sizes.fresh = 8
+    config.train.eval_blind = True
+    trainer = Trainer(config, str(tmp_path))
+    blind = system.build_engine(config, trainer.tokenizer, trainer.env, trainer.agents, blind=True)
+    assert blind.top.sampler is trainer.engine.top.sampler and blind.sub.sampler is trainer.engine.sub.sampler
+    for runtime in (blind.top, blind.sub):
+        assert runtime.tools  # the same tools, every one blind
+        assert set(runtime.tools) == set(trainer.engine.top.tools if runtime is blind.top else
+                                         trainer.engine.sub.tools)
+        for tool in runtime.tools.values():
+            assert tool({"query": "age Varn", "url": "r1", "problem": "max 10 20"}, {}) == "none"
+    metrics = trainer.evaluate()
+    assert set(metrics) == {f"{prefix}/{name}/accuracy" for prefix in ("eval", "eval_blind")
+                            for name in ("eval_gaia", "validation", "fresh")}

@@ -61,6 +61,30 @@ def test_backlog_stays_below_one_chunk_whatever_the_push_counts():
     assert pushed > 80 * chunk // 2  # the pushes did outpace one chunk per step at times
 
 
+def test_step_pop_trains_once_per_step_on_the_previous_steps_records_in_the_sync_batch():
+    fifo, consumer = _fifo()
+    rng = np.random.default_rng(3)
+    rows, group, version, sampled_at = 40, 4, 0, 0
+    counts = [12, 0, 30, 55, 7]  # 55 > rows: the 15 left over wait for the next step
+    expected_pops = [0, 12, 0, 30, 40]
+    for step, (count, expect) in enumerate(zip(counts, expected_pops, strict=True)):
+        records = _records(step, count, version, rng)
+        batches, m = unsync.unsync_step(fifo, consumer, records, chunk=16, group=group, seed=step,
+                                        start_version=version, passes=1, seq_len_limit=64, pad_id=0,
+                                        advantages=TargetsConfig().advantages, pop="step", rows=rows)
+        assert m["sub/fifo_popped"] == expect and m["sub/fifo_pushed"] == count
+        assert len(batches) == (1 if expect else 0)  # at most one update per step, like the synchronised mode
+        for batch in batches:
+            assert batch["tokens"].shape[0] == rows and batch["advantages"].shape == (rows,)
+            np.testing.assert_array_equal(batch["weights"], [1.0] * expect + [0.0] * (rows - expect))
+            assert not batch["loss_mask"][expect:].any() and not batch["advantages"][expect:].any()
+            # Every popped record was sampled by the previous step's policy.
+            assert m["sub/staleness"] == version - sampled_at
+        sampled_at = version
+        version += len(batches)
+    assert m["sub/fifo_backlog"] == consumer.backlog() == 55 - 40 + 7
+
+
 def test_a_popped_group_mixes_queries_and_the_order_is_seeded():
     rng = np.random.default_rng(1)
     records = _records(step=0, count=32, version=0, rng=rng, queries=8)  # 8 queries x 4 records, query-sorted

@@ -64,3 +64,24 @@ def test_a_preempted_warm_start_continues_from_its_checkpoint(tmp_path):
     resumed.run()
     assert not (workdir / warmstart.CHECKPOINTS).exists()
     assert resumed.checkpointer.all_steps()[-1] == 1
+
+
+def test_counterfactual_demonstrations_answer_with_the_twins_facts_not_the_worlds(tmp_path):
+    config = _config()
+    config.warmstart.counterfactual_share = 1.0
+    trainer = Trainer(config, str(tmp_path / "run"))
+    start = warmstart.WarmStart(config, trainer.agents, trainer.env, trainer.engine, trainer.writer, trainer.workdir)
+    tokenizer = trainer.agents["sub"].tokenizer
+    judge = trainer.env.judge
+    demos = start.demonstrations("sub", 200, seed=0)
+    # A sub-agent demonstration ends `[answer V ]`; in a twin, V is the twin's value, almost never the world's.
+    right = []
+    for ids, _ in demos:
+        words = [tokenizer.id_to_piece(int(i)).lstrip("\u2581") for i in ids]
+        task = words[words.index("?") + 1: words.index("?") + 3]
+        answer = words[len(words) - 1 - words[::-1].index("[answer") + 1]
+        right.append(judge.score(" ".join(task), answer))
+    assert np.mean(right) < 0.2
+    config.warmstart.counterfactual_share = 0.0
+    real = warmstart.WarmStart(config, trainer.agents, trainer.env, trainer.engine, trainer.writer, trainer.workdir)
+    assert real.demonstrations("sub", 200, seed=0) != demos

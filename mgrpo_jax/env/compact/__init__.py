@@ -32,8 +32,11 @@ class CompactEnvironment:
     questions: QuestionSets
     judge: CompactJudge
 
-    def experts(self, noise: CompactNoise | None = None) -> CompactExperts:
-        return CompactExperts(self.world, noise)
+    def experts(self, noise: CompactNoise | None = None, counterfactual: int = 0) -> CompactExperts:
+        """The scripted experts; in counterfactual twin `counterfactual` of the world when it is > 0."""
+        world = self.world if not counterfactual else \
+            generate_compact_world(self.world.seed, self.world.config, counterfactual)
+        return CompactExperts(world, noise)
 
     def tools(self, agent: str) -> dict[str, CompactTool]:
         """The agent's in-process tools (`delegate` is run by the rollout engine)."""

@@ -8,9 +8,17 @@ A question's text is its facts from the outside in, then its subject(s):
     walk      born_in founder Lorm      a chain from an organisation (WebWalkerQA style, 2-3 hops)
 
 Splits: stage1 (lookups), stage2 (2-hop chains and comparisons), validation (as stage 2), eval_gaia (lookups,
-2-hop chains, comparisons), eval_xbench (3-hop chains), eval_webwalker (walks). Held-out guarantee, as in the
-chat world: topic names come from disjoint pools per split family, held-out questions are drawn first, and no
-training question reads a fact on a held-out question's answer path.
+2-hop chains, comparisons), eval_xbench (3-hop chains), eval_webwalker (walks), and fresh (as stage 2, the
+yardstick of the transfer gap).
+
+Held-out by fact path, not by name. Every name can start a question in every split, as a pretrained model has
+seen every entity; held-out questions are drawn first, and no training (or fresh) question reads a fact on a
+held-out question's answer path, so no held-out answer is ever a training target and the (name, fact) pairs a
+held-out question asks about were never asked. A tiny agent that never saw a name as a subject learns to copy it
+early and then loses it (`shared/reference/copy-probe.md`: held-out copy 0.00-0.06 for 160 to 8,000 names); split
+by path, it copies every held-out name, so a held-out question tests reading the tools, not a name's memory.
+`fresh` questions are new stage-2 questions over training paths: their accuracy minus the validation set's
+(same kinds, held-out paths) is the transfer gap.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import fields
 
-from mgrpo_jax.env.compact.world import CALC_OPS, COUNTRY, FACTS, NUMBER, CompactWorld, unit_hash
+from mgrpo_jax.env.compact.world import CALC_OPS, COUNTRY, FACTS, NUMBER, CompactWorld
 from mgrpo_jax.env.questions import (
     CHAIN,
     COMPARE,
@@ -26,6 +34,7 @@ from mgrpo_jax.env.questions import (
     EVAL_GAIA,
     EVAL_WEBWALKER,
     EVAL_XBENCH,
+    FRESH,
     HELD_OUT_SPLITS,
     LOOKUP,
     REASON_STEP,
@@ -39,7 +48,6 @@ from mgrpo_jax.env.questions import (
     SubTask,
 )
 
-_POOL_BOUNDS = ((STAGE1, 0.70), (VALIDATION, 0.76), (EVAL_GAIA, 0.84), (EVAL_XBENCH, 0.92), (EVAL_WEBWALKER, 1.0))
 _MIX = {
     STAGE1: ((LOOKUP, 1.0, 1),),
     STAGE2: ((CHAIN, 0.6, 2), (COMPARE, 0.4, 1)),
@@ -47,22 +55,13 @@ _MIX = {
     EVAL_XBENCH: ((CHAIN, 1.0, 3),),
     EVAL_WEBWALKER: ((WALK, 1.0, 2), (WALK, 1.0, 3)),
 }
-_MIX[VALIDATION] = _MIX[STAGE2]
+_MIX[VALIDATION] = _MIX[FRESH] = _MIX[STAGE2]
 NUMBER_FACTS = tuple(fact for fact, (_, value) in FACTS.items() if value == NUMBER)
 
 
-def topic_pool(world: CompactWorld, name: str) -> str:
-    u = unit_hash(world.seed, "pool", name)
-    return next(split for split, bound in _POOL_BOUNDS if u < bound)
-
-
-def _pool_of(split: str) -> str:
-    return STAGE1 if split in (STAGE1, STAGE2) else split
-
-
-def _chain(rng: random.Random, world: CompactWorld, split: str, hops: int, start_kind: str | None):
-    """A path of `hops` facts from a topic entity of the split's pool: (steps as (entity id, fact), answer)."""
-    names = [n for n in world.by_name if topic_pool(world, n) == _pool_of(split)]
+def _chain(rng: random.Random, world: CompactWorld, hops: int, start_kind: str | None):
+    """A path of `hops` facts from a random topic entity: (steps as (entity id, fact), answer)."""
+    names = sorted(world.by_name)
     for _ in range(50):
         facts = [f for f, (domain, _) in FACTS.items() if start_kind in (None, domain)]
         first_fact = rng.choice(facts)
@@ -96,10 +95,7 @@ def _chain_question(world, split, kind, path) -> Question:
 
 def _compare(rng: random.Random, world: CompactWorld, split: str) -> Question | None:
     fact = rng.choice(NUMBER_FACTS)
-    candidates = [e for e in world.of_kind(FACTS[fact][0]) if topic_pool(world, e.name) == _pool_of(split)]
-    if len(candidates) < 2:
-        return None
-    a, b = rng.sample(candidates, 2)
+    a, b = rng.sample(world.of_kind(FACTS[fact][0]), 2)
     va, vb = world.facts[(a.id, fact)], world.facts[(b.id, fact)]
     if va == vb:
         return None
@@ -115,8 +111,20 @@ def _compare(rng: random.Random, world: CompactWorld, split: str) -> Question | 
 def _draw(rng, world, split, kind, hops) -> Question | None:
     if kind == COMPARE:
         return _compare(rng, world, split)
-    path = _chain(rng, world, split, hops, "org" if kind == WALK else None)
+    path = _chain(rng, world, hops, "org" if kind == WALK else None)
     return None if path is None else _chain_question(world, split, kind, path)
+
+
+def _subject_lookups(rng: random.Random, world: CompactWorld, reserved) -> list[Question]:
+    """One lookup per name on a fact no held-out question reads, so every name is the subject of a training
+    question (a name a tiny agent never saw as a subject is one it does not copy)."""
+    out = []
+    for name in rng.sample(sorted(world.by_name), len(world.by_name)):
+        free = [(e.id, fact) for e in world.by_name[name] for fact, (domain, _) in FACTS.items()
+                if domain == e.kind and (e.id, fact) not in reserved]
+        if free:
+            out.append(_chain_question(world, STAGE1, LOOKUP, [rng.choice(free)]))
+    return out
 
 
 def _sample_split(world, split, size, seed, reserved, taken) -> tuple[Question, ...]:
@@ -124,11 +132,12 @@ def _sample_split(world, split, size, seed, reserved, taken) -> tuple[Question, 
     mix = _MIX[split]
     weights = [w for _, w, _ in mix]
     out: list[Question] = []
+    drafts = iter(_subject_lookups(rng, world, reserved) if split == STAGE1 else ())
     for _ in range(size * 50):
         if len(out) == size:
             break
         kind, _, hops = rng.choices(mix, weights)[0]
-        question = _draw(rng, world, split, kind, hops)
+        question = next(drafts, None) or _draw(rng, world, split, kind, hops)
         if question is None or question.text in taken:
             continue
         if split not in HELD_OUT_SPLITS and any(step in reserved for step in question.answer_path):
@@ -141,11 +150,11 @@ def _sample_split(world, split, size, seed, reserved, taken) -> tuple[Question, 
 def generate_compact_questions(world: CompactWorld, seed: int = 0,
                                sizes: QuestionSetSizes | None = None) -> QuestionSets:
     sizes = sizes or QuestionSetSizes(stage1=1000, stage2=1000, validation=100, eval_gaia=100, eval_xbench=100,
-                                      eval_webwalker=100)
+                                      eval_webwalker=100, fresh=100)
     reserved: set[tuple[int, str]] = set()
     taken: set[str] = set()
     splits = {}
-    for split in (*HELD_OUT_SPLITS, STAGE1, STAGE2):
+    for split in (*HELD_OUT_SPLITS, STAGE1, STAGE2, FRESH):
         splits[split] = _sample_split(world, split, getattr(sizes, split), seed, reserved, taken)
         if split in HELD_OUT_SPLITS:
             reserved.update(step for q in splits[split] for step in q.answer_path)

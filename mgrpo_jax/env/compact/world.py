@@ -169,7 +169,12 @@ def _names(rng: random.Random, count: int) -> list[str]:
     return sorted(names)
 
 
-def generate_compact_world(seed: int = 0, config: CompactWorldConfig | None = None) -> CompactWorld:
+def generate_compact_world(seed: int = 0, config: CompactWorldConfig | None = None,
+                           counterfactual: int = 0) -> CompactWorld:
+    """World `seed`; `counterfactual` > 0 gives one of its counterfactual twins: the same entities (names, kinds,
+    ids), so the same questions and tasks, with every fact's value drawn again. Demonstrations in the twins
+    (`warmstart.counterfactual_share`) cannot be answered from a memory of the world's facts, only by reading
+    the tools, which is what a held-out question asks of an agent."""
     config = config or CompactWorldConfig()
     rng = random.Random(seed)
     pool = _names(rng, config.n_names + config.n_countries)
@@ -179,6 +184,8 @@ def generate_compact_world(seed: int = 0, config: CompactWorldConfig | None = No
     for kind, kind_names in ((PERSON, names), (CITY, names), (ORG, names[: config.n_orgs]),
                              (COUNTRY, country_names)):
         entities += [Entity(len(entities) + i, kind, name) for i, name in enumerate(sorted(kind_names))]
+    if counterfactual:
+        rng = random.Random(f"{seed}/counterfactual/{counterfactual}")
     by_kind = {kind: [e for e in entities if e.kind == kind] for kind in KINDS}
     facts: dict[tuple[int, str], str] = {}
     values: dict[tuple[int, str], int | None] = {}
