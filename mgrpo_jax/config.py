@@ -158,6 +158,10 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # code); "step" trains once per step on every record the previous step pushed, in the synchronised mode's batch
     # (Q*K*D rows, weight-0 padding): the same updates on the same number of trajectories, one step late.
     c.rollout.unsync_pop = "chunks"
+    # The share of RL steps whose questions are posed in a counterfactual twin of the compact world (the same texts,
+    # the twin's facts and answers; one twin per step): rewards then pay for reading the tools, never for a memory
+    # of the world's facts. Evaluation always uses the world itself.
+    c.rollout.counterfactual_share = 0.0
 
     c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
@@ -525,10 +529,14 @@ def validate(config, role: str | None = None) -> None:
         p.number(f"warmstart.{field}", 1 if field in ("batch_size", "examples") else 0)
     p.number("warmstart.checkpoint_every", 1)
     p.number("warmstart.format_target", 0, 1)
-    share = p.number("warmstart.counterfactual_share", 0, 1)
-    if share and p.get("env.grammar") != "compact":
-        p.add("warmstart.counterfactual_share", share, "counterfactual twins exist for the compact world only "
-              "(env.grammar=compact)")
+    for field in ("warmstart.counterfactual_share", "rollout.counterfactual_share"):
+        share = p.number(field, 0, 1)
+        if share and p.get("env.grammar") != "compact":
+            p.add(field, share, "counterfactual twins exist for the compact world only (env.grammar=compact)")
+    share = p.get("rollout.counterfactual_share")
+    if share not in (_MISSING, 0, 0.0) and role in ("main", "sub"):
+        p.add("rollout.counterfactual_share", share, f"not with --role={role}: the sub job would answer from the "
+              "world while the main job's step is posed in a twin; run colocated")
     for field in ("steps", "eval_every", "eval_questions", "checkpoint_every", "log_transcripts"):
         p.number(f"train.{field}", 0)
     p.number("train.eval_runs", 1)

@@ -267,3 +267,10 @@ def test_evaluation_sets_and_counterfactual_share_are_validated():
     c = get_config("xbench", "smoke")  # the chat world has no counterfactual twins
     c.warmstart.counterfactual_share = 0.5
     assert any("compact world only" in p for p in _problems(c))
+
+
+def test_rl_in_counterfactual_twins_runs_colocated_only():
+    c = get_config("xbench", "figures")
+    c.rollout.counterfactual_share = 1.0
+    validate(c)
+    assert any(p.startswith("rollout.counterfactual_share=1.0: not with --role=main") for p in _problems(c, "main"))

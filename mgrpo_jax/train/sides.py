@@ -22,12 +22,23 @@ import numpy as np
 
 from mgrpo_jax.config import rl_batch_rows
 from mgrpo_jax.core import TargetsConfig, d_histogram
+from mgrpo_jax.env.compact.world import TWINS
 from mgrpo_jax.env.prompts import SUB
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.rewards import rollout_arrays
 from mgrpo_jax.train import evaluation, system, unsync
 from mgrpo_jax.train.exchange import MainStep, SubStep
 from mgrpo_jax.train.seeds import derive_seed
+
+
+def counterfactual_twin(config, step: int) -> int:
+    """The twin (1..TWINS) step `step`'s questions are posed in, or 0 (the world): a seeded draw per step with
+    probability `rollout.counterfactual_share`."""
+    share = float(config.rollout.counterfactual_share)
+    if not share:
+        return 0
+    rng = np.random.default_rng(derive_seed(config.seed, "twin", step))
+    return int(rng.integers(1, TWINS + 1)) if rng.random() < share else 0
 
 
 class NoSide:
@@ -67,7 +78,17 @@ class MainSide(NoSide):
         return self.learner.version
 
     def collect(self, step: int, questions) -> MainStep:
-        """Q*K whole-system rollouts of `questions` and their judge arrays, with the rollout's `time/*`."""
+        """Q*K whole-system rollouts of `questions` and their judge arrays, with the rollout's `time/*`; posed in a
+        counterfactual twin of the compact world on a `rollout.counterfactual_share` of the steps."""
+        twin = counterfactual_twin(self.config, step)
+        if not twin:
+            return self._collect(step, questions)
+        with self.env.posed_in_twin(twin, questions) as posed:
+            collected = self._collect(step, posed)
+        collected.metrics["counterfactual/twin"] = twin
+        return collected
+
+    def _collect(self, step: int, questions) -> MainStep:
         cfg, engine = self.config, self.engine
         rollout = engine.run(questions, cfg.rollout.samples, seed=derive_seed(cfg.seed, "rollout", step))
         start = time.perf_counter()

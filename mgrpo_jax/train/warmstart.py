@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from mgrpo_jax.env.compact.world import TWINS
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
 from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.rollout import batches
@@ -32,10 +33,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "warmstart_checkpoints"
 LOG_EVERY = 25  # warm-start steps between log lines (and metric-log entries)
-
-
-# Counterfactual twins the warm start draws its demonstrations from (each a whole world's facts drawn again).
-COUNTERFACTUAL_TWINS = 64
 
 
 @dataclasses.dataclass
@@ -55,13 +52,13 @@ class WarmStart:
     def demonstrations(self, agent: str, count: int, seed: int) -> list:
         """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions; a
         `warmstart.counterfactual_share` of them in counterfactual twins of the world (its entities and
-        questions, its facts drawn again), one of `COUNTERFACTUAL_TWINS` per demonstration."""
+        questions, its facts drawn again), one of its `TWINS` per demonstration."""
         noise = system.noise_config(self.config)
         share = float(self.config.warmstart.counterfactual_share)
         twins = {}
 
         def experts_for(draw: float, twin: int):
-            key = 1 + twin % COUNTERFACTUAL_TWINS if draw < share else 0
+            key = 1 + twin % TWINS if draw < share else 0
             if key not in twins:
                 twins[key] = self.env.experts(noise, counterfactual=key) if key else self.env.experts(noise)
             return twins[key]
@@ -69,7 +66,7 @@ class WarmStart:
         pool = list(self.env.questions.stage1) + list(self.env.questions.stage2)
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(pool))
-        draws, twin_ids = rng.random(len(pool)), rng.integers(0, COUNTERFACTUAL_TWINS, len(pool))
+        draws, twin_ids = rng.random(len(pool)), rng.integers(0, TWINS, len(pool))
         examples = []
         for n, i in enumerate(order):
             question = pool[int(i)]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
+from mgrpo_jax.env.compact.questions import pose_in
 from mgrpo_jax.env.compact.world import FACTS, generate_compact_world
 from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
@@ -113,6 +114,38 @@ def test_counterfactual_twins_keep_the_entities_and_questions_and_redraw_every_f
             for _, fact in q.answer_path:
                 value = twin.lookup(fact, value)
             assert experts.main_agent(q).answer == value
+
+
+def test_a_question_posed_in_its_own_world_is_unchanged_and_in_a_twin_takes_the_twins_answer(env):
+    twin = generate_compact_world(0, counterfactual=5)
+    for _, questions in env.questions.items():
+        for q in questions:
+            assert pose_in(env.world, q) == q  # answer, decomposition and answer path all recomputed equal
+            posed = pose_in(twin, q)
+            assert (posed.text, posed.kind, posed.id) == (q.text, q.kind, q.id)
+            if q.kind == "compare":
+                op, fact, a, b = q.text.split()
+                values = [int(twin.lookup(fact, n)) for n in (a, b)]
+                assert posed.answer == str(max(values) if op == "max" else min(values))
+            else:
+                *facts, value = q.text.split()
+                for fact in reversed(facts):
+                    value = twin.lookup(fact, value)
+                assert posed.answer == value
+
+
+def test_twins_stand_in_for_the_world_and_restore_it(env):
+    task = env.questions.stage1[0].text
+    truth = env.world.lookup(*task.split())
+    tools = env.tools("sub")
+    with env.posed_in_twin(7, env.questions.stage1[:3]) as posed:
+        twin = generate_compact_world(0, counterfactual=7)
+        assert env.twins.lookup(*task.split()) == twin.lookup(*task.split()) == posed[0].answer
+        assert env.judge.score(task, posed[0].answer) == 1.0
+        assert tools["search"]({"query": task}, {}) == twin.search(task)
+    assert env.judge.score(task, truth) == 1.0 and tools["search"]({"query": task}, {}) == env.world.search(task)
+    with pytest.raises(ValueError, match="twin 65"):
+        env.twins.twin(65)
 
 
 def test_search_open_and_calc(env):

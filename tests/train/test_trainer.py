@@ -230,3 +230,20 @@ def test_a_blind_evaluation_runs_the_same_agents_with_every_tool_answering_none(
     metrics = trainer.evaluate()
     assert set(metrics) == {f"{prefix}/{name}/accuracy" for prefix in ("eval", "eval_blind")
                             for name in ("eval_gaia", "validation", "fresh")}
+
+
+def test_an_rl_step_posed_in_a_counterfactual_twin_is_rewarded_by_the_twins_answers(tmp_path):
+    config = _compact(steps=1)
+    config.rollout.counterfactual_share = 1.0
+    trainer = Trainer(config, str(tmp_path))
+    questions = list(trainer.env.questions.stage1[:2])
+    collected = trainer.main.collect(3, questions)
+    twin = collected.metrics["counterfactual/twin"]
+    assert 1 <= twin <= 64
+    world = trainer.env.twins.twin(twin)
+    assert [q.text for q in collected.rollout.questions] == [q.text for q in questions]
+    assert [q.answer for q in collected.rollout.questions] == [world.lookup(*q.text.split()) for q in questions]
+    assert trainer.env.twins.current is trainer.env.world  # evaluation and the next step see the world again
+    assert trainer.main.collect(3, questions).metrics["counterfactual/twin"] == twin  # seeded per step
+    config.rollout.counterfactual_share = 0.0
+    assert "counterfactual/twin" not in trainer.main.collect(3, questions).metrics

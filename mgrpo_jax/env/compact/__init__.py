@@ -7,16 +7,18 @@ one-word system prompts and the vocabulary of its word-level tokenizer).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from mgrpo_jax.env.compact.experts import CompactExperts, CompactJudge, CompactNoise, compact_success
 from mgrpo_jax.env.compact.grammar import CLOSE, OPEN_TAGS, QUESTION, RESULT
-from mgrpo_jax.env.compact.questions import generate_compact_questions
+from mgrpo_jax.env.compact.questions import generate_compact_questions, pose_in
 from mgrpo_jax.env.compact.world import (
     ROLE_WORDS,
     CompactTool,
     CompactWorld,
     CompactWorldConfig,
+    Twins,
     generate_compact_world,
 )
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
@@ -30,17 +32,23 @@ AGENT_TOOLS = {MAIN: ("delegate", "reason"), SUB: ("search", "visit"), SINGLE: (
 class CompactEnvironment:
     world: CompactWorld
     questions: QuestionSets
-    judge: CompactJudge
+    judge: CompactJudge  # of `twins`: the active twin's true values
+    twins: Twins  # what the tools and the judge read: the world, or a twin while an RL step is posed in one
+
+    @contextlib.contextmanager
+    def posed_in_twin(self, k: int, questions):
+        """Activates twin `k` for the tools and the judge, and yields `questions` posed in it (the same texts, the
+        twin's answers); the world is active again afterwards."""
+        with self.twins.active(k) as twin:
+            yield [pose_in(twin, q) for q in questions]
 
     def experts(self, noise: CompactNoise | None = None, counterfactual: int = 0) -> CompactExperts:
         """The scripted experts; in counterfactual twin `counterfactual` of the world when it is > 0."""
-        world = self.world if not counterfactual else \
-            generate_compact_world(self.world.seed, self.world.config, counterfactual)
-        return CompactExperts(world, noise)
+        return CompactExperts(self.twins.twin(counterfactual), noise)
 
     def tools(self, agent: str) -> dict[str, CompactTool]:
         """The agent's in-process tools (`delegate` is run by the rollout engine)."""
-        return {name: CompactTool(self.world, name) for name in AGENT_TOOLS[agent] if name != "delegate"}
+        return {name: CompactTool(self.twins, name) for name in AGENT_TOOLS[agent] if name != "delegate"}
 
     @staticmethod
     def system_prompt(agent: str) -> str:
@@ -57,7 +65,8 @@ class CompactEnvironment:
 def build_compact_environment(seed: int = 0, sizes: QuestionSetSizes | None = None,
                               config: CompactWorldConfig | None = None) -> CompactEnvironment:
     world = generate_compact_world(seed, config)
-    return CompactEnvironment(world, generate_compact_questions(world, seed, sizes), CompactJudge(world))
+    twins = Twins(world)
+    return CompactEnvironment(world, generate_compact_questions(world, seed, sizes), CompactJudge(twins), twins)
 
 
 __all__ = ["CompactEnvironment", "CompactExperts", "CompactJudge", "CompactNoise", "CompactWorldConfig",

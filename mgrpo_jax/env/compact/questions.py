@@ -23,9 +23,11 @@ by path, it copies every held-out name, so a held-out question tests reading the
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import fields
 
+from mgrpo_jax.env.compact.grammar import NONE
 from mgrpo_jax.env.compact.world import CALC_OPS, COUNTRY, FACTS, NUMBER, CompactWorld
 from mgrpo_jax.env.questions import (
     CHAIN,
@@ -125,6 +127,37 @@ def _subject_lookups(rng: random.Random, world: CompactWorld, reserved) -> list[
         if free:
             out.append(_chain_question(world, STAGE1, LOOKUP, [rng.choice(free)]))
     return out
+
+
+def pose_in(world: CompactWorld, question: Question) -> Question:
+    """`question` asked in `world` (a counterfactual twin of its own): the same text and kind, the answer path and
+    answer that `world`'s facts give. A chain follows the twin's values hop by hop, so its later hops may pass
+    through other entities (or stop at `none` where the twin's chain leaves the fact's domain)."""
+    if question.kind == COMPARE:
+        op, fact, *names = question.text.split()
+        ids = [world.find(FACTS[fact][0], name).id for name in names]
+        values = [world.facts[(i, fact)] for i in ids]
+        answer = world.calculate(f"{op} {values[0]} {values[1]}")
+        steps = (SubTask(0, DELEGATE_STEP, f"{fact} {names[0]}", values[0], ids[0], fact),
+                 SubTask(1, DELEGATE_STEP, f"{fact} {names[1]}", values[1], ids[1], fact),
+                 SubTask(2, REASON_STEP, f"{op} {values[0]} {values[1]}", answer,
+                         expression=f"{op} {values[0]} {values[1]}", inputs=(0, 1)))
+        return dataclasses.replace(question, answer=answer, decomposition=steps,
+                                   answer_path=tuple((i, fact) for i in ids))
+    *facts, name = question.text.split()
+    path, value = [], name
+    for fact in reversed(facts):
+        entity = world.find(FACTS[fact][0], value)
+        if entity is None:
+            value = NONE
+            break
+        path.append((entity.id, fact))
+        value = world.facts[(entity.id, fact)]
+    posed = _chain_question(world, question.split, question.kind, path) if len(path) == len(facts) else None
+    if posed is None:
+        return dataclasses.replace(question, answer=value)
+    return dataclasses.replace(question, answer=posed.answer, decomposition=posed.decomposition,
+                               answer_path=posed.answer_path)
 
 
 def _sample_split(world, split, size, seed, reserved, taken) -> tuple[Question, ...]:

@@ -25,6 +25,7 @@ Anything a tool cannot serve is answered with `error` (no argument makes a tool 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 from collections.abc import Mapping
@@ -142,6 +143,41 @@ class CompactWorld:
             return ERROR
         pick = max if words[0] == "max" else min
         return str(pick(int(words[1]), int(words[2])))
+
+
+# Counterfactual twins a world has (`generate_compact_world(seed, config, counterfactual=1..TWINS)`): the warm
+# start's demonstrations and the RL steps posed in a twin (`warmstart.counterfactual_share`,
+# `rollout.counterfactual_share`) draw one of these.
+TWINS = 64
+
+
+class Twins:
+    """A world and its counterfactual twins, one of them active: a stand-in for a `CompactWorld` whose tools,
+    lookups and pages are the active twin's (0: the world itself). The RL loop poses a step's questions in a
+    twin (`active(k)`); evaluation and everything else see the world."""
+
+    def __init__(self, world: CompactWorld):
+        self.real, self.current, self._cache = world, world, {0: world}
+
+    def twin(self, k: int) -> CompactWorld:
+        if not 0 <= k <= TWINS:
+            raise ValueError(f"twin {k} is not one of 0..{TWINS}")
+        if k not in self._cache:
+            self._cache[k] = generate_compact_world(self.real.seed, self.real.config, k)
+        return self._cache[k]
+
+    @contextlib.contextmanager
+    def active(self, k: int):
+        previous, self.current = self.current, self.twin(k)
+        try:
+            yield self.current
+        finally:
+            self.current = previous
+
+    def __getattr__(self, name):  # search, visit, lookup, calculate, entities, ... of the active twin
+        if name.startswith("__") or name in ("real", "current", "_cache"):  # copies and pickles of a bare object
+            raise AttributeError(name)
+        return getattr(self.current, name)
 
 
 class CompactTool:
