@@ -18,7 +18,11 @@ compiled by the TPU compiler itself:
   train    the agent's jitted policy step (mgrpo_jax/train/step.py) on its RL batch at the full context
            (every row `context_tokens` long), micro-batched as the config says, state donated;
   prefill  the sampler's prefill: prompts of `context_tokens - max_turn_tokens` tokens into a donated KV cache;
-  decode   one decode step of the sampler over that cache (the body of its decode loop).
+  decode   one decode step of the sampler over that cache (the body of its decode loop);
+  slots    the rollout engine's decode program (mgrpo_jax/sampling/slots.py): a chunk of decode steps over
+           decode slots, each holding a cache of the whole `context_tokens`; planned with the sampler's batch of
+           slots and again with twice as many, the difference gives the bytes per slot, and so how many slots fit
+           (`<prefix>_slots_fit_<topology>`, `_slots_fit_per_chip_`: that many over the chips).
 
 Per-chip bytes come from `compiled.memory_analysis()`: arguments + outputs - aliased (donated) + temporaries
 + code. A program "fits" when that is at most `--fit_fraction` (default 0.9) of the chip's HBM, leaving the
@@ -63,6 +67,7 @@ from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.sharding import resolve_mesh_shape
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
+from mgrpo_jax.sampling.slots import SLOT_CHUNK, STOP_WIDTH, slot_decode
 from mgrpo_jax.train.optim import make_optimizer
 from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state
 from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_logprob_fn, make_policy_step
@@ -77,7 +82,7 @@ SMALL_TOPOLOGIES = {"v5e-4": "v5e:2x2"}
 SIZES = {"paper": (PAPER_TOPOLOGIES, "paper_moe"), "paper_dense": (PAPER_DENSE_TOPOLOGIES, "paper_dense"),
          "small": (SMALL_TOPOLOGIES, "small"), "small_moe": (SMALL_TOPOLOGIES, "small_moe")}
 LORA_TOPOLOGIES = {"v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v5p-64": "v5p:4x4x2"}
-PROGRAMS = ("train", "prefill", "decode")
+PROGRAMS = ("train", "prefill", "decode", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,11 +213,11 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
     return jax.jit(with_reference, donate_argnums=(0,)).lower(abs_state, abs_state.params, batch)
 
 
-def _sampler_inputs(plan: Plan, mesh: Mesh):
+def _sampler_inputs(plan: Plan, mesh: Mesh, rows: int | None = None):
     optimizer = make_optimizer(plan.optim)
     graphdef, abs_state, _ = abstract_agent_state(plan.model, optimizer, mesh, plan.rules)
     mr = MeshRules(mesh, tuple(plan.rules))
-    B, S = plan.sample_rows, plan.seq_len
+    B, S = rows or plan.sample_rows, plan.seq_len
     shapes = cache_shape(plan.model, B, S)
     shards = cache_shardings(plan.model, B, S, mr)
     cache = jax.tree.map(lambda s, sh: _abstract(s.shape, s.dtype, sh), shapes, shards)
@@ -254,6 +259,45 @@ def lower_decode(plan: Plan, mesh: Mesh):
         _abstract((), jnp.int32, scalar))
 
 
+def lower_slots(plan: Plan, mesh: Mesh, n_slots: int):
+    """The rollout engine's decode program (mgrpo_jax/sampling/slots.py): one chunk of `SLOT_CHUNK` steps over
+    `n_slots` slots, each with a cache of the whole context budget, the cache donated."""
+    graphdef, params, cache, mr = _sampler_inputs(plan, mesh, n_slots)
+    one = mr.sharding(("act_batch",), (n_slots,))
+
+    def decode(params, cache, prev, positions, live, budgets, seeds, offsets, temperature, stops):
+        return slot_decode(nnx.merge(graphdef, params), cache, prev, positions, live, budgets, seeds, offsets,
+                           temperature, stops, steps=SLOT_CHUNK)
+
+    row = {k: _abstract((n_slots,), dtype, one) for k, dtype in
+           (("prev", jnp.int32), ("positions", jnp.int32), ("live", jnp.bool_), ("budgets", jnp.int32),
+            ("seeds", jnp.int32), ("offsets", jnp.int32), ("temperature", jnp.float32))}
+    stops = _abstract((n_slots, STOP_WIDTH), jnp.int32, mr.sharding(("act_batch", None), (n_slots, STOP_WIDTH)))
+    return jax.jit(decode, donate_argnums=(1,)).lower(params, cache, *row.values(), stops)
+
+
+def slot_rows(plan: Plan, mesh: Mesh) -> tuple[int, int]:
+    """(slots, shards): the slot program is planned with the sampler's batch (Q*K*D rows for the sub-agent),
+    rounded up to the cache rows' shards."""
+    spec = MeshRules(mesh, tuple(plan.rules)).spec(("act_batch",))
+    entry = spec[0] if len(spec) else None
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    return -(-plan.sample_rows // shards) * shards, shards
+
+
+def slots_fit(plan: Plan, mesh: Mesh, first: dict, n_slots: int, shards: int, hbm: float,
+              fit_fraction: float) -> dict:
+    """How many slots fit: the slot program compiled again at twice the slots gives the per-slot bytes (the caches
+    grow linearly, the weights stay); the most slots, in whole shards, within `fit_fraction` of HBM."""
+    second = per_chip_bytes(lower_slots(plan, mesh, 2 * n_slots).compile())["total"] / GIB
+    per_slot = (second - first["total"] / GIB) / n_slots
+    fixed = first["total"] / GIB - per_slot * n_slots
+    most = int((fit_fraction * hbm - fixed) / per_slot) // shards * shards if per_slot > 0 else 0
+    return {"slots": n_slots, "slot_gib_per_chip": per_slot, "slot_fixed_gib": fixed, "slots_fit": most,
+            "slots_fit_per_chip": most / len(mesh.devices.flat)}
+
+
 def per_chip_bytes(compiled) -> dict:
     m = compiled.memory_analysis()
     args, out = int(m.argument_size_in_bytes), int(m.output_size_in_bytes)
@@ -288,6 +332,9 @@ def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_f
             lowered = lower_train(plan, mesh, micro)
         elif program == "prefill":
             lowered = lower_prefill(plan, mesh)
+        elif program == "slots":
+            n_slots, shards = slot_rows(plan, mesh)
+            lowered = lower_slots(plan, mesh, n_slots)
         else:
             lowered = lower_decode(plan, mesh)
         try:
@@ -299,11 +346,14 @@ def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_f
             if gib is None:
                 raise
             mem, refused = {}, True
+        extra = {}
+        if program == "slots" and not refused:
+            extra = slots_fit(plan, mesh, mem, n_slots, shards, hbm, fit_fraction)
         seconds = time.perf_counter() - start
         rows.append({"topology": name, "chips": len(devices), "mesh": dict(mesh.shape), "program": program,
                      "micro": micro if program == "train" else None, "gib": gib, "hbm_gib": hbm,
                      "fits": not refused and gib <= fit_fraction * hbm, "margin": 1.0 - gib / hbm,
-                     "compile_s": seconds, "bytes": mem, "refused": refused})
+                     "compile_s": seconds, "bytes": mem, "refused": refused, **extra})
     return rows
 
 
@@ -375,6 +425,10 @@ def main(argv=None) -> dict:
             print(f"{row['topology']:<9} {row['chips']:>5} {mesh:<24} {row['program']:<8} "
                   f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
                   f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
+            if "slots_fit" in row:
+                print(f"{'':<9} slots: {row['slots']} slots plan {row['gib']:.2f} GiB/chip, "
+                      f"{row['slot_gib_per_chip'] * 1024:.1f} MiB/chip per slot of {plan.seq_len} tokens -> "
+                      f"{row['slots_fit']} slots fit ({row['slots_fit_per_chip']:.1f} per chip)", flush=True)
 
     figures = {"size": args.size, "lora": args.lora, "fit_fraction": args.fit_fraction,
                "params_b": m.num_params() / 1e9,
@@ -387,6 +441,11 @@ def main(argv=None) -> dict:
         figures[key.format("refused")] = row["refused"]
         if row["program"] == "train":
             figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
+        for field in ("slots", "slots_fit", "slots_fit_per_chip", "slot_gib_per_chip"):
+            if field in row:
+                value = row[field]
+                figures[f"{prefix}_{field}_{_key(row['topology'])}"] = round(value, 4) if isinstance(value, float) \
+                    else value
     for topo in names:
         mine = [r for r in rows if r["topology"] == topo]
         figures[f"{prefix}_fits_{_key(topo)}"] = bool(mine) and all(r["fits"] for r in mine)

@@ -3,6 +3,7 @@
     python -m mgrpo_jax.bench.rollout                      # local preset, 3 timed RL steps + the GRPO step
     python -m mgrpo_jax.bench.rollout --preset smoke --steps 1 --grpo-model tiny --grpo-prompts 2 ...
     python -m mgrpo_jax.bench.rollout --quick              # smoke preset + tiny GRPO shape: the code path, seconds
+    python -m mgrpo_jax.bench.rollout --workload=long      # the slot engine against the lock-step one (issue 28)
 
 **RL steps of a preset.** A ``Trainer`` for the preset is built in a temporary workdir and warm-started as far
 as a real run of the preset is (``--warmstart-steps``, default the preset's ``warmstart.min_steps``: 500
@@ -47,8 +48,33 @@ behaviour log-probs, and the new weights handed back to the sampler. One warm-up
 ``grpo_update_s`` (medians of the two parts; the remainder is host work: rewards, advantages, batch
 assembly).
 
+**The rollout engines** (issue 28), ``--workload=long``: the decode-slot engine (``mgrpo_jax.rollout.engine``) and
+the lock-step engine it replaced (``mgrpo_jax.rollout.lockstep``, the tests' oracle) on the same workloads in this
+process, each warmed up until a run compiles nothing (``warmup_runs``; ``compiles_in_timed_runs`` says the timed
+runs compiled nothing), then one timed run each:
+
+* the long scripted workload, paper-shaped, on a random-weights model (``--long-model`` with ``--long-overrides``;
+  one agent): ``--long-episodes`` (24) episodes of 9-14 tool turns (``--long-turns-min/max``) then an answer, each
+  turn sampling a log-uniform 16 to ``--long-max-turn`` (512, the ``max_turn_tokens``) tokens, each tool response
+  a log-uniform 100-1,000 tokens (``--long-response-min/max``: a page or a list of results), in a context budget
+  of ``--long-context`` (8,192) tokens: contexts of 4k-8k tokens. Turn and response lengths are drawn from the
+  episode and the turn (``LongScript``), and forced through per-row budgets: the tokenizer's end-of-turn id lies
+  outside the model's vocabulary, so no turn stops early and both engines run the same token counts. The slot
+  engine has ``--long-slots`` (6) slots and decodes ``--long-chunk`` (16) steps per round.
+* then (unless ``--skip-local``; alone with ``--workload=local``) one RL step's rollouts of the compact ``local``
+  preset (``--local-preset``), both agents, warm-started ``--local-warmstart-steps`` (default the preset's
+  ``warmstart.min_steps``), the slot engine with the config's slot counts (one per rollout); keys ``local_*``.
+
+Figures: ``prefill_tokens_per_context_token`` (tokens run through the model to build the slots' caches, prefills
+and decode steps, per token the episodes' turns had to see: each episode up to its last sampled id; 1.0 is the
+floor, ``lockstep_prefill_tokens_per_context_token`` the same count for the lock-step engine's prompts),
+``slot_utilisation`` (sampled tokens / (slots x decode steps run)), ``episodes_per_s`` and
+``lockstep_episodes_per_s`` (episodes of the timed run / its wall time), ``engine_speedup`` (lock-step time / slot
+time), ``context_tokens_mean`` / ``_min`` (final episode lengths), ``evictions`` (episodes that gave their slot up).
+
 ``--quick``: the ``smoke`` preset (2-step warm start, 1 timed step after 1 quiet warm-up step, at most 2) and a tiny
-GRPO shape (1 layer, vocab 256, 2 x 2 rows of 8 + 8 tokens): the code paths in seconds, every key printed.
+GRPO shape (1 layer, vocab 256, 2 x 2 rows of 8 + 8 tokens): the code paths in seconds, every key printed; with
+``--workload=long``, 4 episodes of 3-4 short turns on 2 slots, and the compact preset warm-started 2 steps.
 
 The last stdout line is one JSON object (``mgrpo_jax.bench.common.emit``).
 """
@@ -56,6 +82,7 @@ The last stdout line is one JSON object (``mgrpo_jax.bench.common.emit``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import platform
@@ -64,7 +91,9 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 import uuid
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -73,8 +102,12 @@ import numpy as np
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
 from mgrpo_jax.core import main_advantages, mgrpo_targets
+from mgrpo_jax.env.protocol import FinalAnswer, ToolCall
 from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
+from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
+from mgrpo_jax.rollout.lockstep import LockstepRolloutEngine
 from mgrpo_jax.sampling import NO_STOP, Sampler
+from mgrpo_jax.sampling import slots as slots_module
 from mgrpo_jax.train.optim import default_optim_config, make_optimizer
 from mgrpo_jax.train.state import create_agent_state, model_from_state
 from mgrpo_jax.train.step import make_policy_step
@@ -83,13 +116,17 @@ from mgrpo_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
+WORKLOADS = ("rl", "long", "local")
 PHASES = ("sampling_s", "tools_s", "rewards_s", "training_s", "other_s")
 WARM_NOTE = ("model warm-started {} supervised steps per agent ({} for the preset's own runs); timed steps "
              "after {} warm-up steps ({})")
 QUICK = ["--preset", "smoke", "--steps", "1", "--warmup-steps", "1", "--max-warmup-steps", "2", "--quiet-steps", "1",
          "--warmstart-steps", "2", "--grpo-model", "tiny", "--grpo-overrides", "n_layers=1,vocab_size=256",
          "--grpo-prompts", "2", "--grpo-samples", "2", "--grpo-prompt-len", "8", "--grpo-new-tokens", "8",
-         "--grpo-repeats", "1"]
+         "--grpo-repeats", "1", "--long-episodes", "4", "--long-slots", "2", "--long-turns-min", "2",
+         "--long-turns-max", "3", "--long-max-turn", "16", "--long-response-min", "8", "--long-response-max", "32",
+         "--long-context", "256", "--long-chunk", "4", "--long-overrides", "n_layers=1,vocab_size=256,d_model=32",
+         "--local-warmstart-steps", "2"]
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -175,11 +212,34 @@ class TimedStep:
         return out
 
 
+def instrument_slots(timer: ComputeTimer, kind: str = "sampler") -> None:
+    """Time the rollout engine's decode-slot calls (``DecodeSlots.launch`` dispatches a round's prefills and chunk,
+    ``collect`` waits for it): both are host calls one after the other, so their times add up without overlap.
+    A call that compiled a slot program counts as compile time. Patches the class, once per process."""
+    cls = slots_module.DecodeSlots
+    if getattr(cls, "_bench_timer", None) is not None:
+        cls._bench_timer = timer
+        return
+    cls._bench_timer = timer
+    for name in ("launch", "collect"):
+        original = getattr(cls, name)
+
+        def timed(self, *args, original=original, **kwargs):
+            before, start = slots_module.compiled_programs(), time.perf_counter()
+            out = original(self, *args, **kwargs)
+            cls._bench_timer.add(kind, time.perf_counter() - start, slots_module.compiled_programs() > before)
+            return out
+
+        setattr(cls, name, timed)
+
+
 def instrument_trainer(trainer: Trainer, timer: ComputeTimer) -> None:
-    """Time every agent's sampler calls and policy train steps from outside the trainer."""
+    """Time every agent's sampler calls (lock-step calls and decode slots) and policy train steps from outside the
+    trainer."""
     for agent in trainer.agents.values():
         instrument_sampler(agent.sampler, timer, "sampler")
         agent.policy_step = TimedStep(agent.policy_step, timer, "train_step")
+    instrument_slots(timer)
 
 
 # ---------------------------------------------------------------------------------------- RL steps
@@ -212,7 +272,7 @@ def jit_cache_sizes(trainer: Trainer) -> tuple[int, ...]:
     from mgrpo_jax.sampling import sampler as sampler_module
 
     steps = [agent.policy_step for agent in trainer.agents.values()]
-    return (_cache_size(sampler_module._generate_jit), _cache_size(mgrpo_targets),
+    return (_cache_size(sampler_module._generate_jit), slots_module.compiled_programs(), _cache_size(mgrpo_targets),
             *(getattr(step, "trace_count", 0) for step in steps))
 
 
@@ -404,6 +464,224 @@ def bench_grpo(args) -> dict:
     }
 
 
+# ----------------------------------------------------------------------------- engine workloads (issue 28)
+
+
+class LengthTokenizer:
+    """The long workload's tokenizer: only lengths matter. A text of n characters is n ids, every role header two
+    ids; the end-of-turn id lies outside the model's vocabulary, so a random model never stops a turn early and both
+    engines run turns of exactly their scripted lengths."""
+
+    pad_id = 0
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+        self.end_of_turn_id = vocab
+        self.turn_separator_ids = [1]
+
+    def encode(self, text: str) -> list[int]:
+        return [4 + ord(c) % (self.vocab - 4) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+    def render_turn_prefix(self, role: str) -> list[int]:
+        return [2, 3]
+
+    def render_message(self, role: str, text: str) -> list[int]:
+        return [*self.render_turn_prefix(role), *self.encode(text), self.end_of_turn_id, *self.turn_separator_ids]
+
+    def render_chat(self, messages) -> tuple[list[int], list[bool]]:
+        return [1] + [i for role, text in messages for i in self.render_message(role, text)], []
+
+
+def _draw(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32("/".join(map(str, key)).encode()))
+
+
+def _log_uniform(rng: np.random.Generator, low: int, high: int) -> int:
+    return int(np.exp(rng.uniform(np.log(low), np.log(high + 1))))
+
+
+@dataclasses.dataclass
+class LongScript:
+    """A paper-shaped episode, drawn from its (question, rollout): ``turns`` tool turns then an answer; each turn
+    samples a long-tailed number of tokens (log-uniform from 16 to ``max_turn``), each tool response is
+    log-uniform between ``response`` bounds (a page or a list of search results)."""
+
+    turns: tuple[int, int]
+    max_turn: int
+    response: tuple[int, int]
+
+    def plan(self, episode) -> int:
+        return int(_draw("turns", episode.question_index, episode.rollout).integers(*self.turns, endpoint=True))
+
+    def budget(self, episode) -> int:
+        return _log_uniform(_draw("turn", episode.question_index, episode.rollout, len(episode.turns)), 16,
+                            self.max_turn)
+
+    def parse(self, episode, text):
+        turn = len(episode.turns)
+        if turn > self.plan(episode):
+            return FinalAnswer("done")
+        episode.tool_session["chars"] = _log_uniform(_draw("page", episode.question_index, episode.rollout, turn),
+                                                     *self.response)
+        return ToolCall("read", {})
+
+
+def _page(arguments, session) -> str:
+    return "p" * session["chars"]
+
+
+def _random_sampler(args) -> Sampler:
+    cfg = get_model_config(args.long_model, **_overrides(args.long_overrides))
+    mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    graphdef, state, _ = create_agent_state(cfg, default_optim_config(lr=1e-5), mesh, DEFAULT_RULES, seed=0)
+    return Sampler(model_from_state(graphdef, state), pad_id=0)
+
+
+class CountingSampler:
+    """A sampler's `.sample` only (so an engine sees no slots), counting the prompt tokens each call prefills."""
+
+    def __init__(self, sampler):
+        self.sampler, self.top_k, self.top_p = sampler, sampler.top_k, sampler.top_p
+        self.prompt_tokens = self.sampled_tokens = 0
+
+    def sample(self, prompts, **kwargs):
+        out = self.sampler.sample(prompts, **kwargs)
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        self.sampled_tokens += int(np.sum(out.lengths))
+        return out
+
+
+def compiled_programs() -> int:
+    """Programs the samplers of both engines have compiled in this process."""
+    from mgrpo_jax.sampling import sampler as sampler_module
+
+    return _cache_size(sampler_module._generate_jit) + slots_module.compiled_programs()
+
+
+def timed_runs(run, label: str, reset=None, least: int = 1, most: int = 4) -> tuple[float, object, dict]:
+    """Untimed runs until one compiles nothing (at least `least`, at most `most`), then `reset()` and one timed run:
+    (seconds, its result, {warmup_runs, compiles_in_timed_run})."""
+    runs = 0
+    while runs < most:
+        before, start = compiled_programs(), time.perf_counter()
+        run()
+        runs += 1
+        settled = compiled_programs() == before
+        print(f"{label} warm-up run {runs}: {time.perf_counter() - start:.2f} s, "
+              f"{'nothing compiled' if settled else 'compiled'}", flush=True)
+        if runs >= least and settled:
+            break
+    if reset is not None:
+        reset()
+    before = compiled_programs()
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
+    print(f"{label} timed run: {seconds:.2f} s", flush=True)
+    return seconds, result, {"warmup_runs": runs, "compiles_in_timed_run": compiled_programs() - before}
+
+
+def needed_context(episodes) -> int:
+    """Tokens the episodes' turns had to see: each episode up to its last sampled id (what follows it, such as a
+    tool response no turn read, was never needed). A cache that holds them all, each written once, is the floor."""
+    return sum(int(np.flatnonzero(np.asarray(e.loss_mask))[-1]) for e in episodes if any(e.loss_mask))
+
+
+def compare_engines(engine, oracle, run, counters) -> dict:
+    """Both engines on the same workload in this process, compile time excluded: `run(engine)` returns its batch;
+    `counters`: the oracle's `CountingSampler`s."""
+    seconds, batch, info = timed_runs(lambda: run(engine), "slots")
+    stats = dict(engine.slot_stats)
+
+    def reset():
+        for counter in counters:
+            counter.prompt_tokens = counter.sampled_tokens = 0
+
+    lock_seconds, lock_batch, lock_info = timed_runs(lambda: run(oracle), "lock-step", reset)
+    episodes = list(batch.episodes())
+    context, lock_context = needed_context(episodes), needed_context(lock_batch.episodes())
+    lock_processed = sum(c.prompt_tokens + c.sampled_tokens for c in counters)
+    total = {key: sum(s[key] for s in stats.values())
+             for key in ("prefill_tokens", "fed_tokens", "sampled_tokens", "slot_steps", "chunks", "evictions")}
+    return {
+        # Tokens run through the model to build the caches (prefills and decode steps) per token the episodes'
+        # turns had to see; 1.0 is the floor (the lock-step engine prefills every episode again at every turn).
+        "prefill_tokens_per_context_token": (total["prefill_tokens"] + total["fed_tokens"]) / context,
+        "lockstep_prefill_tokens_per_context_token": lock_processed / lock_context,
+        "slot_utilisation": total["sampled_tokens"] / max(1, total["slot_steps"]),
+        "episodes_per_s": len(episodes) / seconds,
+        "lockstep_episodes_per_s": sum(1 for _ in lock_batch.episodes()) / lock_seconds,
+        "engine_speedup": lock_seconds / seconds,
+        "run_s": seconds,
+        "lockstep_run_s": lock_seconds,
+        "episodes": len(episodes),
+        "generated_tokens": sum(e.generated_tokens for e in episodes),
+        "lockstep_generated_tokens": sum(e.generated_tokens for e in lock_batch.episodes()),
+        "context_tokens_mean": sum(len(e.tokens) for e in episodes) / len(episodes),
+        "context_tokens_min": min(len(e.tokens) for e in episodes),
+        "turns_mean": float(np.mean([len(e.turns) for e in episodes])),
+        "slots": {name: s["slots"] for name, s in stats.items()},
+        "chunks": total["chunks"],
+        "evictions": total["evictions"],
+        "warmup_runs": info["warmup_runs"],
+        "lockstep_warmup_runs": lock_info["warmup_runs"],
+        "compiles_in_timed_runs": info["compiles_in_timed_run"] + lock_info["compiles_in_timed_run"],
+    }
+
+
+def bench_long(args) -> dict:
+    """The long scripted workload (module docstring) on a random-weights model, one agent, both engines."""
+    sampler = _random_sampler(args)
+    tokenizer = LengthTokenizer(sampler.cfg.vocab_size)
+    script = LongScript((args.long_turns_min, args.long_turns_max), args.long_max_turn,
+                        (args.long_response_min, args.long_response_max))
+    limits = RolloutLimits(max_turn_tokens=args.long_max_turn, temperature=1.0)
+
+    def runtime(s, slots):
+        return AgentRuntime("single", s, "system", {"read": _page}, max_turns=4 * args.long_turns_max,
+                            context_tokens=args.long_context, tokenizer=tokenizer, slots=slots,
+                            decode_chunk=args.long_chunk, script=script)
+
+    counter = CountingSampler(sampler)
+    engine = RolloutEngine(tokenizer, runtime(sampler, args.long_slots), None, limits)
+    oracle = LockstepRolloutEngine(tokenizer, runtime(counter, 0), None, limits)
+    questions = [types.SimpleNamespace(text=f"question {i}") for i in range(args.long_episodes)]
+    out = compare_engines(engine, oracle, lambda e: e.run(questions, 1, seed=0), [counter])
+    out["long_shape"] = {"episodes": args.long_episodes, "slots": args.long_slots, "chunk": args.long_chunk,
+                         "turns": [args.long_turns_min, args.long_turns_max], "max_turn_tokens": args.long_max_turn,
+                         "response_tokens": [args.long_response_min, args.long_response_max],
+                         "context_tokens": args.long_context, "model": args.long_model,
+                         "overrides": args.long_overrides, "params_m": sampler.cfg.num_params() / 1e6}
+    return out
+
+
+def bench_local(args) -> dict:
+    """Both engines on one RL step's rollouts of the compact `local` preset, warm-started as `--local-warmstart-steps`
+    says; keys prefixed `local_`."""
+    config, warm = prepare_config(args.benchmark, args.local_preset, args.local_warmstart_steps, 1, "bench-engines")
+    with tempfile.TemporaryDirectory(prefix="bench-engines-") as workdir:
+        trainer = Trainer(config, workdir)
+        trainer.warm_start()
+        engine = trainer.engine
+        counters = []
+
+        def counted(runtime):
+            if runtime is None:
+                return None
+            counters.append(CountingSampler(runtime.sampler))
+            return dataclasses.replace(runtime, sampler=counters[-1])
+
+        oracle = LockstepRolloutEngine(engine.tokenizer, counted(engine.top), counted(engine.sub), engine.limits,
+                                       grammar=engine.grammar)
+        questions = next(trainer.iterator)
+        out = compare_engines(engine, oracle, lambda e: e.run(questions, config.rollout.samples, seed=0), counters)
+    out.update({"preset": config.preset, "warmstart_steps": warm})
+    return {f"local_{key}": value for key, value in out.items()}
+
+
 # ------------------------------------------------------------------------------------------- main
 
 
@@ -427,6 +705,26 @@ def parse_args(argv=None):
     p.add_argument("--grpo-prompt-len", type=int, default=128)
     p.add_argument("--grpo-new-tokens", type=int, default=256)
     p.add_argument("--grpo-repeats", type=int, default=3)
+    p.add_argument("--workload", default="rl", choices=WORKLOADS,
+                   help="rl: RL steps of a preset + one GRPO step (the default); long: the engines on the long "
+                        "scripted workload, then on the compact local one; local: the engines on the compact one only")
+    p.add_argument("--long-episodes", type=int, default=24)
+    p.add_argument("--long-slots", type=int, default=6, help="decode slots of the new engine on the long workload")
+    p.add_argument("--long-chunk", type=int, default=16, help="decode steps per round on the long workload")
+    p.add_argument("--long-turns-min", type=int, default=9)
+    p.add_argument("--long-turns-max", type=int, default=14)
+    p.add_argument("--long-max-turn", type=int, default=512, help="max_turn_tokens of the long workload")
+    p.add_argument("--long-response-min", type=int, default=100, help="tool response tokens, least")
+    p.add_argument("--long-response-max", type=int, default=1000, help="tool response tokens, most")
+    p.add_argument("--long-context", type=int, default=8192, help="context budget of the long workload's agent")
+    p.add_argument("--long-model", default="tiny")
+    # attn_chunk: the lock-step engine's prefill of 24 rows x 8,192 tokens would hold 30+ GB of attention scores
+    p.add_argument("--long-overrides", default="d_model=64,n_layers=2,n_heads=2,n_kv_heads=1,head_dim=16,mlp_dim=256,"
+                                               "vocab_size=512,attn_chunk=512")
+    p.add_argument("--local-preset", default="local", help="the compact preset of the engines' second workload")
+    p.add_argument("--local-warmstart-steps", type=int, default=None,
+                   help="its warm start (default: the preset's warmstart.min_steps)")
+    p.add_argument("--skip-local", action="store_true", help="--workload=long without the compact workload")
     p.add_argument("--skip-rl", action="store_true")
     p.add_argument("--skip-grpo", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds: " + " ".join(QUICK))
@@ -440,9 +738,13 @@ def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     figures: dict = {"backend": jax.default_backend(), "devices": jax.device_count(), "cpus": os.cpu_count(),
                      "load_avg_1m_start": os.getloadavg()[0]}
-    if not args.skip_rl:
+    if args.workload == "long":
+        figures.update(bench_long(args))
+    if args.workload == "local" or (args.workload == "long" and not args.skip_local):
+        figures.update(bench_local(args))
+    if args.workload == "rl" and not args.skip_rl:
         figures.update(bench_rl(args))
-    if not args.skip_grpo:
+    if args.workload == "rl" and not args.skip_grpo:
         figures.update(bench_grpo(args))
     figures["peak_memory_gb_total"] = peak_rss_gb()
     figures.setdefault("peak_memory_gb", figures["peak_memory_gb_total"])

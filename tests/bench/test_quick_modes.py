@@ -32,7 +32,12 @@ MAIN_KEYS = {
                 "generated_tokens_per_episode", "peak_memory_gb", "grpo_step_s", "grpo_sampling_s",
                 "grpo_update_s"),
     "store": ("records_per_s", "mb_per_s", "exchange_share", "step_s", "headline_store", "file"),
+    "rollout_long": ("prefill_tokens_per_context_token", "slot_utilisation", "episodes_per_s",
+                     "lockstep_episodes_per_s", "engine_speedup", "local_episodes_per_s",
+                     "local_lockstep_episodes_per_s", "local_engine_speedup"),
 }
+# Further modes of a benchmark: name -> (its module, the flags beside --quick).
+MODES = {"rollout_long": ("rollout", ("--workload=long",))}
 NEEDS = {"model": ("torch", "transformers"), "plan": ("libtpu",)}  # CI installs requirements-tpu.txt for plan
 
 
@@ -85,8 +90,18 @@ def check_store(figures, lines):
     assert result["fifo_measured"] and result["mb_per_step_unsync"] > result["mb_per_step"]
 
 
+def check_rollout_long(figures, lines):
+    # The engines' workloads: the slot engine ran every episode, prefilling each context at most once (no slot was
+    # given up), and compiled nothing in its timed runs.
+    assert figures["episodes"] == 4 and figures["long_shape"]["slots"] == 2 and figures["evictions"] == 0
+    assert figures["prefill_tokens_per_context_token"] == 1.0  # every token a turn saw, written once
+    assert figures["lockstep_prefill_tokens_per_context_token"] > 1.0
+    assert 0 < figures["slot_utilisation"] <= 1 and figures["compiles_in_timed_runs"] == 0
+    assert figures["local_preset"] == "local" and figures["local_episodes"] >= 128
+
+
 CHECKS = {"checkpoint": check_checkpoint, "kernels": check_kernels, "lora": check_lora, "model": check_model,
-          "plan": check_plan, "rollout": check_rollout, "store": check_store}
+          "plan": check_plan, "rollout": check_rollout, "rollout_long": check_rollout_long, "store": check_store}
 
 
 def bench_names() -> list[str]:
@@ -94,17 +109,18 @@ def bench_names() -> list[str]:
 
 
 def test_every_benchmark_says_what_its_quick_mode_prints():
-    assert set(bench_names()) == set(MAIN_KEYS), "add the new benchmark's main JSON keys to MAIN_KEYS"
+    assert set(bench_names()) == set(MAIN_KEYS) - set(MODES), "add the new benchmark's main JSON keys to MAIN_KEYS"
 
 
-@pytest.mark.parametrize("name", bench_names())
+@pytest.mark.parametrize("name", bench_names() + sorted(MODES))
 def test_quick_mode_prints_its_figures_as_the_last_line(name):
     for module in NEEDS.get(name, ()):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"bench.{name} needs {module}")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", f"mgrpo_jax.bench.{name}", "--quick"], cwd=REPO, env=env,
+    module, flags = MODES.get(name, (name, ()))
+    proc = subprocess.run([sys.executable, "-m", f"mgrpo_jax.bench.{module}", "--quick", *flags], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.strip().splitlines()
