@@ -13,6 +13,9 @@ Two checks from a warm-started checkpoint (any run of the `figures` or `local` p
    gap between right and wrong is the signal co-training gets for this mistake; compare it with check 1's.
 
 The last line is one JSON object.
+
+`gate(root)` is the cheap control `run_all` runs on the first seed's warm start and stage 1 before it trains
+anything else: do the agents keep the format, do rewards vary within a group, do the RL steps move the policy?
 """
 
 from __future__ import annotations
@@ -106,6 +109,33 @@ def system_signal(trainer: Trainer, steps: int = 2) -> dict:
                     advantages[key].append(float(batch["advantages"][row]))
     return {key: {"rows": len(v), "mean_advantage": round(float(np.mean(v)), 3)}
             for key, v in sorted(advantages.items())}
+
+
+def gate(warm_rows: list[dict], stage1_rows: list[dict], format_target: float) -> list[str]:
+    """The problems that make a long set of runs pointless, from a warm start's and its stage 1's metric rows (empty:
+    go). Every agent's last greedy format check reaches `format_target`; in stage 1 some groups have rewards that
+    vary (not every group has zero std), the main agent's reward is not constant, and its updates move the policy
+    (a gradient and an approximate KL above 0 on some step)."""
+    problems = []
+    checks = {}
+    for row in warm_rows:
+        checks.update({k: v for k, v in row.items() if k.startswith("warmstart/") and k.endswith("/format_ok")})
+    if not checks:
+        problems.append("the warm start logged no greedy format check")
+    problems += [f"{key} = {value:.2f} < {format_target}" for key, value in sorted(checks.items())
+                 if value < format_target]
+    rl = [row for row in stage1_rows if "main/reward" in row]
+    if not rl:
+        return problems + ["stage 1 logged no RL step"]
+    queries = max(row.get("main/zero_std_groups", 0.0) for row in rl)
+    if all(row.get("main/zero_std_groups", 0.0) >= queries and queries > 0 for row in rl) and \
+            len({row["main/reward"] for row in rl}) == 1:
+        problems.append("stage 1: every group's rewards are equal at every step (no learning signal)")
+    if len({round(row["main/reward"], 6) for row in rl}) == 1:
+        problems.append(f"stage 1: main/reward is {rl[0]['main/reward']} at every step")
+    if not any(row.get("main/train/grad_norm", 0.0) > 0 and row.get("main/train/approx_kl", 0.0) > 0 for row in rl):
+        problems.append("stage 1: no update moved the main agent (grad_norm or approx_kl 0 at every step)")
+    return problems
 
 
 def main(argv=None) -> dict:

@@ -4,8 +4,11 @@
     python -m experiments.figures.run_all --plot-only   # redraw from experiments/figures/logs, no training
     python -m experiments.figures.run_all --table       # print the README's results tables from results/*.json
 
-Trains every run the figures need (experiments/figures/runs.py; `--seeds` seeds per curve), `--jobs` at a time,
-then draws Figs. 5-8, the d_k histogram and the three ablations, writes results/*.json (each claimed ordering
+Runs the positive control first: the first seed's warm start and stage 1, checked by `positive_control.gate`
+(format kept, rewards that vary within groups, updates that move the policy); a failed control stops here, before
+hours go into runs that cannot show anything. Then trains every run the figures need
+(experiments/figures/runs.py; `--seeds` seeds per curve), `--jobs` at a time, then draws Figs. 5-8, the d_k
+histogram and the three ablations, writes results/*.json (each claimed ordering
 with its last-window difference, bootstrap 95 % interval over seeds and verdict, `stats.py`), and writes the
 case studies. Interrupt it at any point and start it again: finished runs are kept, unfinished ones resume
 from their last checkpoint.
@@ -14,6 +17,7 @@ from their last checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from experiments.figures import (
@@ -24,11 +28,26 @@ from experiments.figures import (
     fig6_accuracy,
     fig7_stage2_reward,
     fig8_sync,
+    positive_control,
     runs,
     table,
 )
+from mgrpo_jax.config import get_config
+from mgrpo_jax.train.metrics import read_jsonl
 
 FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram, ablations)
+
+
+def control(root: str, jobs: int) -> None:
+    """The positive control on seed 0's warm start and stage 1 (trained here if missing); raises on a failure."""
+    warm, stage1 = f"warm_mgrpo_s{runs.SEEDS[0]}", f"stage1_mgrpo_s{runs.SEEDS[0]}"
+    runs.ensure([stage1], root, jobs)
+    target = get_config("xbench", "figures").warmstart.format_target
+    problems = positive_control.gate(read_jsonl(os.path.join(runs.workdir(root, warm), "metrics.jsonl")),
+                                     read_jsonl(os.path.join(runs.workdir(root, stage1), "metrics.jsonl")), target)
+    if problems:
+        raise SystemExit("positive control failed; fix the setup before the long runs:\n  " + "\n  ".join(problems))
+    print(f"[figures] positive control passed ({warm}, {stage1})", flush=True)
 
 
 def main(argv=None) -> None:
@@ -40,6 +59,7 @@ def main(argv=None) -> None:
         return
     start = time.monotonic()
     if not args.plot_only:
+        control(args.root, args.jobs)
         runs.ensure(list(runs.RUNS), args.root, args.jobs)
         print(f"[figures] all {len(runs.RUNS)} runs finished in {(time.monotonic() - start) / 60:.1f} min", flush=True)
     flags = ["--root", args.root, "--plot-only", "--seeds", str(len(runs.SEEDS))]

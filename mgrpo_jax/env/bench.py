@@ -60,6 +60,8 @@ def run(n_entities: int = 10_000, per_split: int = 100, seed: int = 0) -> dict:
     main_tokens, sub_tokens, sub_scores = [], [], []
     for split, split_questions in questions.items():
         sample = split_questions[:per_split]
+        if not sample:  # a split this world's sizes leave empty (the chat world has no `fresh` split)
+            continue
         multi = [experts.main_agent(question) for question in sample]
         single = [experts.single_agent(question) for question in sample]
         success[split] = {

@@ -17,7 +17,7 @@ from mgrpo_jax.env.protocol import BAD_CALL_SCHEMA, UNKNOWN_TOOL, FinalAnswer, F
 from mgrpo_jax.env.questions import HELD_OUT_SPLITS, QuestionSetSizes
 from mgrpo_jax.train import system
 
-SIZES = QuestionSetSizes(stage1=300, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30,
+SIZES = QuestionSetSizes(stage1=1200, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30,
                          fresh=30)
 
 
@@ -191,7 +191,7 @@ def test_judge_scores_the_true_value(env):
 # -- questions -----------------------------------------------------------------------------------------------
 
 
-def test_questions_have_world_answers_and_held_out_fact_paths(env):
+def test_questions_have_world_answers_held_out_texts_and_every_lookup_in_training(env):
     world = env.world
     for split, questions in env.questions.items():
         assert questions, split
@@ -202,19 +202,18 @@ def test_questions_have_world_answers_and_held_out_fact_paths(env):
                     assert world.entities[entity_id].name == value
                     value = world.facts[(entity_id, fact)]
                 assert value == q.answer
-    # Held out by fact path: no training or fresh question reads a fact a held-out question reads...
-    held_out = {step for split in HELD_OUT_SPLITS for q in env.questions.split(split) for step in q.answer_path}
     training = env.questions.stage1 + env.questions.stage2
-    for q in training + env.questions.fresh:
-        assert not held_out & set(q.answer_path)
-    # ...and every name is the subject of a training question, as a pretrained model has seen every entity.
-    training_subjects = {world.entities[t].name for q in training for t in q.topic_ids}
-    people = {e.name for e in world.of_kind("person")}
-    assert training_subjects == people
-    for split in HELD_OUT_SPLITS:
-        assert {world.entities[t].name for q in env.questions.split(split) for t in q.topic_ids} <= training_subjects
-    texts = [q.text for _, questions in env.questions.items() for q in questions]
+    held_out = [q for split in HELD_OUT_SPLITS for q in env.questions.split(split)]
+    # Held out by text: no held-out question is a training question...
+    assert not {q.text for q in held_out} & {q.text for q in training}
+    texts = [q.text for split, questions in env.questions.items() if split != "fresh" for q in questions]
     assert len(texts) == len(set(texts))
+    # ...while stage 1 asks every (entity, fact) of the world but the held-out lookups themselves.
+    held_out_lookups = {q.answer_path for q in held_out if q.kind == "lookup"}
+    assert {q.answer_path for q in env.questions.stage1} | held_out_lookups == {((e, f),) for e, f in world.facts}
+    # `fresh` is the training distribution itself: stage-2 training texts, asked in the world.
+    assert [q.text for q in env.questions.fresh] == [q.text for q in env.questions.stage2[:len(env.questions.fresh)]]
+    assert {q.split for q in env.questions.fresh} == {"fresh"}
     assert {q.hops for q in env.questions.eval_xbench} == {3}
     assert {q.kind for q in env.questions.stage2} == {q.kind for q in env.questions.fresh} == {"chain", "compare"}
 

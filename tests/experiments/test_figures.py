@@ -490,3 +490,37 @@ def test_dk_histogram_skips_evaluation_only_rows(fake_logs):
                                  {"step": 1, "d_k/hist/0": 2, "d_k/hist/1": 2}])
     assert dk_histogram.histogram(["z"]).tolist() == [2, 2]
     assert len(dk_histogram.dk_rows("z")) == 1
+
+
+def test_the_positive_control_gate_names_what_would_make_the_runs_pointless():
+    from experiments.figures import positive_control
+
+    warm = [{"warmstart_step": 250, "warmstart/main/format_ok": 0.9, "warmstart/sub/format_ok": 1.0},
+            {"warmstart_step": 500, "warmstart/main/format_ok": 0.98, "warmstart/sub/format_ok": 1.0}]
+    moving = [{"step": s, "main/reward": 0.5 + 0.01 * s, "main/zero_std_groups": 3.0, "main/train/grad_norm": 0.2,
+               "main/train/approx_kl": 1e-3} for s in range(1, 5)]
+    assert positive_control.gate(warm, moving, 0.95) == []
+    assert positive_control.gate(warm[:1], moving, 0.95) == ["warmstart/main/format_ok = 0.90 < 0.95"]
+    assert positive_control.gate([], moving, 0.95) == ["the warm start logged no greedy format check"]
+    flat = [{**row, "main/reward": 0.5, "main/zero_std_groups": 16.0} for row in moving]
+    assert positive_control.gate(warm, flat, 0.95) == [
+        "stage 1: every group's rewards are equal at every step (no learning signal)",
+        "stage 1: main/reward is 0.5 at every step"]
+    frozen = [{**row, "main/train/approx_kl": 0.0} for row in moving]
+    assert positive_control.gate(warm, frozen, 0.95) == [
+        "stage 1: no update moved the main agent (grad_norm or approx_kl 0 at every step)"]
+    assert positive_control.gate(warm, [], 0.95) == ["stage 1 logged no RL step"]
+
+
+def test_run_all_stops_on_a_failed_positive_control_before_the_other_runs(tmp_path, monkeypatch):
+    ensured = []
+    monkeypatch.setattr(runs, "ensure", lambda names, root, jobs: ensured.append(list(names)))
+    for name, rows in (("warm_mgrpo_s0", [{"warmstart_step": 500, "warmstart/main/format_ok": 0.5}]),
+                       ("stage1_mgrpo_s0", [{"step": 1, "main/reward": 0.3}, {"step": 2, "main/reward": 0.3}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match="positive control failed") as info:
+        run_all.main(["--root", str(tmp_path)])
+    message = str(info.value)
+    assert "warmstart/main/format_ok = 0.50" in message and "main/reward is 0.3 at every step" in message
+    assert ensured == [["stage1_mgrpo_s0"]]  # nothing else was trained
