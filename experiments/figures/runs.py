@@ -141,7 +141,13 @@ def workdir(root: str, name: str) -> str:
 
 
 def is_done(root: str, name: str) -> bool:
-    return os.path.exists(os.path.join(workdir(root, name), "summary.json"))
+    """Whether the run finished (every stop writes summary.json; only a finished run's says so). A summary being
+    written by a running job reads as not finished."""
+    try:
+        with open(os.path.join(workdir(root, name), "summary.json")) as f:
+            return json.load(f).get("run", {}).get("status") == "finished"
+    except (OSError, ValueError):
+        return False
 
 
 def lineage(names) -> list[str]:

@@ -192,7 +192,7 @@ class Trainer:
             checkpoint.settle()
             for folder in (checkpoint.CHECKPOINTS, warmstart.CHECKPOINTS):
                 checkpoint.discard_partial(files.as_path(self.workdir) / folder)
-        if self.step >= cfg.train.steps:
+        if self.step >= cfg.train.steps and self.warm_started:  # a warm-start-only run (steps 0) cut short is not
             self.status = "finished"
         resume = {"checkpoint": _newest(self.workdir, checkpoint.CHECKPOINTS),
                   "warmstart_checkpoint": _newest(self.workdir, warmstart.CHECKPOINTS)}

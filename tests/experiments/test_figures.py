@@ -217,7 +217,7 @@ def _fake_workdir(root, name, hist_rows):
         f.write(json.dumps({"step": 0, "eval/eval_gaia/accuracy": 0.0}) + "\n")
         for step, counts in enumerate(hist_rows, 1):
             f.write(json.dumps({"step": step, **{f"d_k/hist/{i}": c for i, c in enumerate(counts)}}) + "\n")
-    (path / "summary.json").write_text("{}")
+    (path / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
 
 
 def test_dmax_is_chosen_from_the_stage2_histogram_and_pinned(tmp_path):
@@ -254,7 +254,7 @@ with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     for step in (1, 2):
         f.write(json.dumps({"step": step, "d_k/hist/0": 90, "d_k/hist/1": 5, "d_k/hist/2": 4, "d_k/hist/3": 1,
                             "main/reward": 0.1, "d_max": d_max}) + "\\n")
-open(os.path.join(workdir, "summary.json"), "w").write("{}")
+open(os.path.join(workdir, "summary.json"), "w").write('{"run": {"status": "finished"}}')
 """
 
 
@@ -524,3 +524,13 @@ def test_run_all_stops_on_a_failed_positive_control_before_the_other_runs(tmp_pa
     message = str(info.value)
     assert "warmstart/main/format_ok = 0.50" in message and "main/reward is 0.3 at every step" in message
     assert ensured == [["stage1_mgrpo_s0"]]  # nothing else was trained
+
+
+def test_a_run_is_done_only_when_its_summary_says_finished(tmp_path, monkeypatch):
+    """Every stop writes summary.json; an interrupted warm start must be resumed, not taken as finished."""
+    assert not runs.is_done(str(tmp_path), "warm_mgrpo_s0")
+    path = tmp_path / "warm_mgrpo_s0"
+    path.mkdir()
+    for status, done in (("interrupted", False), ("preempted", False), ("finished", True)):
+        (path / "summary.json").write_text(json.dumps({"run": {"status": status, "step": 0}}))
+        assert runs.is_done(str(tmp_path), "warm_mgrpo_s0") is done

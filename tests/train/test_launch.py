@@ -313,14 +313,15 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
 def test_a_second_ctrl_c_in_the_warm_start_stops_at_once_and_the_rerun_resumes_from_the_newest_checkpoint(tmp_path):
     """Ctrl-C, then Ctrl-C again during the warm start: exit 130 at once, no traceback on screen or in run.log,
     no half-written checkpoint, a summary.json that says interrupted and where the rerun resumes; the rerun
-    resumes the warm start from there and metrics.jsonl holds each warm-start record once."""
+    resumes the warm start from there and metrics.jsonl holds each warm-start record once. A warm-start-only run
+    (train.steps=0, as the figures' warm starts) cut short is interrupted, not finished."""
     import collections
     import re
     import signal
     import time
 
     workdir = tmp_path / "run"
-    args = [str(LAUNCH), "--config=experiments/xbench.py:smoke", f"--workdir={workdir}", "--config.train.steps=1",
+    args = [str(LAUNCH), "--config=experiments/xbench.py:smoke", f"--workdir={workdir}", "--config.train.steps=0",
             "--config.train.eval_every=0", "--config.warmstart.steps=60", "--config.warmstart.checkpoint_every=4"]
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
