@@ -46,6 +46,9 @@ class RolloutArrays(NamedTuple):
 
 
 class Targets(NamedTuple):
+    """One step's targets for both roles. `mgrpo_targets` aligns the sub rows to D = d_max slots; MATPO's
+    `matpo_targets` (mgrpo_jax/core/matpo.py) returns them per raw call, D = C with `sub_index[..., i] = i`."""
+
     main_reward: jax.Array  # [Q, K]
     main_advantages: jax.Array  # [Q, K]
     sub_index: jax.Array  # [Q, K, D] int32: which own call fills each aligned slot
