@@ -130,8 +130,9 @@ def local(c) -> None:
 
 
 def figures(c) -> None:
-    """The paper's figures in miniature (experiments/figures/): the compact system, stage 1 then stage 2 from one
-    stage-1 checkpoint, avg@3 evaluations on the three held-out sets."""
+    """The paper's figures in miniature (experiments/figures/): the compact system, stage 1 then stage 2 from that
+    seed's stage-1 checkpoint (each seed its own world), avg@3 evaluations on the held-out, validation and fresh
+    sets and the blind control."""
     compact(c)
     # Stage 2's mgrpo reward rose most in the first 40 steps of a 60-step pilot (world 0, posed in twins: 0.26 over
     # steps 1-5, 0.37 over 36-40, 0.41 over 56-60); 40 steps per stage fit the set's 2.5-hour budget on 2 cores.
