@@ -12,8 +12,10 @@ paper_dense, paper_lora), and `get_config` resolves them. The experiment files (
 start their tables from that one and call `resolve` too, so `get_config(b, arg)` and `experiments/<b>.py`'s
 `get_config(arg)` give the same config. Nothing in the package loads experiments/ (mgrpo_jax/presets.py says why).
 
-Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync (mgrpo_jax/train/trainer.py says what each
-trains).
+Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync | matpo | shared_mgrpo
+(mgrpo_jax/train/trainer.py says what each trains). The last two are the shared-policy modes: one model serves both
+roles (built from `config.main`; `sub` keeps only its role's limits) and trains on both roles' rows pooled into one
+batch; their credit assignment is MATPO's and M-GRPO's (`credit_name`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from ml_collections.config_dict import placeholder
 
 from mgrpo_jax import presets
 
-MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
+MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync", "matpo", "shared_mgrpo")
+SHARED_MODES = ("matpo", "shared_mgrpo")  # one model, one optimizer, both roles (mgrpo_jax/train/system.py)
+# The credit assignment (mgrpo_jax/core/credit.py) a mode uses when `config.credit` is empty.
+MODE_CREDIT = {"matpo": "matpo"}
+DEFAULT_CREDIT = "mgrpo_targets"
+# MATPO's loss (its public code): clipped PPO at 0.2 / 0.2, one token mean over planner and worker tokens pooled, no
+# KL; `resolve` sets it on `main` (the shared model's section) for the matpo mode.
+MATPO_LOSS_HPARAMS = {"eps_low": 0.2, "eps_high": 0.2, "aggregation": "token-mean", "kl_coef": 0.0}
 PRESETS = tuple(presets.PRESETS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 
@@ -164,6 +173,13 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.rollout.counterfactual_share = 0.0
 
     c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
+    # MATPO's planner reward (credit "matpo", mgrpo_jax/core/matpo.py): weights of correctness and of the format term.
+    c.rewards.matpo_correct_weight = 0.9
+    c.rewards.matpo_format_weight = 0.1
+    # How a step's judged rollouts become both roles' rewards and advantages: a name registered in
+    # mgrpo_jax/core/credit.py (`available_credits`); empty: the mode's own (matpo for the matpo mode, mgrpo_targets
+    # for every other).
+    c.credit = ""
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
     # The estimator of both levels' advantages: a name registered in mgrpo_jax.core.advantages (register_advantage);
     # it receives the other `advantages.*` fields as keyword arguments. "grpo": group-relative (scale, baseline).
@@ -237,6 +253,9 @@ def resolve(benchmark: str, table: Mapping[str, Callable], arg: str | None = Non
             raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
         c.mode = mode
     table[name](c)
+    if c.mode == "matpo":
+        c.main.loss = "grpo"  # its clipped-PPO surrogate, with MATPO's settings
+        c.main.loss_hparams.update(MATPO_LOSS_HPARAMS)
     return c
 
 
@@ -409,18 +428,34 @@ def _check_lora(p: _Problems, name: str) -> None:
             p.add(f"{name}.lora.target", p.get(f"{name}.lora.target"), str(e).split(": ", 1)[-1])
 
 
-def rl_batch_fields(mode: str, agent: str, unsync_pop: str = "chunks") -> tuple[str, ...]:
-    """The config fields whose product is the row count of one RL batch of `agent`'s policy step."""
+def credit_name(config) -> str:
+    """The credit assignment of `config`'s run: `config.credit`, else its mode's (`MODE_CREDIT`)."""
+    return config.get("credit") or MODE_CREDIT.get(config.mode, DEFAULT_CREDIT)
+
+
+def rl_batch_fields(mode: str, agent: str, unsync_pop: str = "chunks",
+                    credit: str = DEFAULT_CREDIT) -> tuple[str, ...]:
+    """The config fields whose product is the row count of one RL batch of `agent`'s rows (a shared-policy mode's
+    model trains on the main rows and the sub rows together: `rl_batch_rows` adds the two)."""
     if agent == "sub":
         if mode == "mgrpo_unsync" and unsync_pop == "chunks":
             return ("rollout.unsync_chunk",)  # one FIFO pop of sub-trajectories
+        if credit == "matpo":  # one row per possible call, padding rows of weight 0 (mgrpo_jax/core/matpo.py)
+            return ("rollout.queries", "rollout.samples", "rollout.max_sub_calls")
         return ("rollout.queries", "rollout.samples", "rollout.d_max")  # Q*K rollouts x D aligned slots
     return ("rollout.queries", "rollout.samples")  # Q*K episodes
 
 
 def rl_batch_rows(config, agent: str) -> int:
-    """Rows of one RL batch of `agent`'s policy step; the warm start's batches have `warmstart.batch_size`."""
-    return math.prod(_field(config, name) for name in rl_batch_fields(config.mode, agent, _unsync_pop(config)))
+    """Rows of one RL batch of `agent`'s policy step; the warm start's batches have `warmstart.batch_size`. In a
+    shared-policy mode the one model (`main`) trains on the main rows and the sub rows in one batch."""
+    def rows(name: str) -> int:
+        fields = rl_batch_fields(config.mode, name, _unsync_pop(config), credit_name(config))
+        return math.prod(_field(config, field) for field in fields)
+
+    if config.mode in SHARED_MODES and agent == "main":
+        return rows("main") + rows("sub")
+    return rows(agent)
 
 
 def _unsync_pop(config) -> str:
@@ -437,12 +472,18 @@ def _check_micro_batches(p: _Problems, name: str, mode) -> None:
     """Every batch of the agent's train steps (`mgrpo_jax.train.system.batch_rows`) splits into its micro-batches."""
     micro = p.number(f"{name}.micro_batches", 1)
     warm = p.number("warmstart.batch_size", 1)
-    fields = rl_batch_fields(mode, name, _unsync_pop(p.config))
+    credit = credit_name(p.config) if mode is not _MISSING else DEFAULT_CREDIT
+    fields = rl_batch_fields(mode, name, _unsync_pop(p.config), credit)
+    rl_label = " x ".join(fields)
+    if mode in SHARED_MODES and name == "main":  # the shared model's batch: main rows + sub rows
+        sub_fields = rl_batch_fields(mode, "sub", credit=credit)
+        rl_label = f"{rl_label} + {' x '.join(sub_fields)}"
+        fields += tuple(f for f in sub_fields if f not in fields)
     valid = [p.number(field, 1) for field in fields]  # a bad one is reported; the product is then meaningless
     rl_rows = rl_batch_rows(p.config, name) if all(valid) and mode is not _MISSING else None
     if not micro:
         return
-    for rows, label in ((warm, "warmstart.batch_size"), (rl_rows, " x ".join(fields))):
+    for rows, label in ((warm, "warmstart.batch_size"), (rl_rows, rl_label)):
         if rows and rows % micro:
             p.add(f"{name}.micro_batches", micro,
                   f"a batch of {rows} rows ({label}) does not split into {micro} micro-batches")
@@ -552,7 +593,17 @@ def validate(config, role: str | None = None) -> None:
     agents = ("single",) if mode == "single_agent" else ("main", "sub")
     for name in agents:
         _check_agent(p, name)
-        _check_micro_batches(p, name, mode)
+        if not (mode in SHARED_MODES and name == "sub"):  # the shared model's batches are main's
+            _check_micro_batches(p, name, mode)
+    from mgrpo_jax.core.credit import available_credits
+
+    credit = p.get("credit")
+    if credit not in (_MISSING, "", None) and credit not in available_credits():
+        p.add("credit", credit, f"not a registered credit assignment ({', '.join(available_credits())})"
+              f"{_did_you_mean(credit, available_credits())}")
+    if mode in SHARED_MODES and p.get("sub.init_from") not in (_MISSING, "", None, p.get("main.init_from")):
+        p.add("sub.init_from", p.get("sub.init_from"), f"mode {mode} has one model, built from main: set "
+              "main.init_from (sub's must be empty or the same)")
 
     store = p.get("store")
     if store is not _MISSING:
@@ -570,7 +621,10 @@ def validate(config, role: str | None = None) -> None:
     if role is not None and role not in ROLES:
         p.add("role", role, f"not one of {', '.join(ROLES)}{_did_you_mean(role, ROLES)}")
     if role in ("main", "sub"):
-        if mode in MODES and mode not in TWO_AGENT_MODES:
+        if mode in SHARED_MODES:
+            p.add("mode", mode, f"--role={role}: mode {mode} trains one model for both roles, which cannot be split "
+                  f"across two jobs; run it colocated, or use a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
+        elif mode in MODES and mode not in TWO_AGENT_MODES:
             p.add("mode", mode, f"--role={role} needs a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
         if isinstance(store, str) and store.startswith("memory://"):
             p.add("store", store, f"--role={role}: the main and sub jobs share only the store, and a memory:// "

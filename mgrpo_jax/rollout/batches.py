@@ -21,6 +21,7 @@ from mgrpo_jax.core import gather_aligned
 from mgrpo_jax.rollout.episode import Episode
 
 PAD_VALUES = {"tokens": 0, "loss_mask": 0.0, "old_logprobs": 0.0}
+TIME_COLUMNS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs")  # [rows, seq_len] columns
 
 
 def bucket_length(lengths, limit: int, multiple: int = 128) -> int:
@@ -132,6 +133,26 @@ def record_rows(payloads: Sequence[dict], advantages, seq_len: int, pad_id: int 
                  "top_k": np.asarray([p.get("top_k", 0) for p in payloads], np.int32),
                  "top_p": np.asarray([p.get("top_p", 1.0) for p in payloads], np.float32)})
     return rows
+
+
+def concat_rows(parts: Sequence[dict[str, np.ndarray]], pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Policy batches of one model stacked into one (a shared-policy mode's main rows and sub rows): every row is
+    right-padded to the longest part's length (the padding trains nothing: no loss mask, no attention), and only
+    the columns every part has are kept."""
+    length = max(part["tokens"].shape[1] for part in parts)
+    keys = [key for key in parts[0] if all(key in part for part in parts)]
+
+    def widened(key: str, values: np.ndarray) -> np.ndarray:
+        extra = length - values.shape[1] if key in TIME_COLUMNS else 0
+        if not extra:
+            return values
+        if key == "positions":
+            tail = np.broadcast_to(np.arange(values.shape[1], length, dtype=values.dtype), (len(values), extra))
+        else:
+            tail = np.full((len(values), extra), pad_id if key == "tokens" else 0, values.dtype)
+        return np.concatenate([values, tail], axis=1)
+
+    return {key: np.concatenate([widened(key, part[key]) for part in parts]) for key in keys}
 
 
 def pad_rows(rows: dict[str, np.ndarray], count: int, pad_id: int = 0) -> dict[str, np.ndarray]:

@@ -102,7 +102,7 @@ def write_export(model, record: epath.Path, out: str) -> bool:
 def export_agents(trainer) -> list[str]:
     """Every agent of a finished run written to `<workdir>/export/<name>/`; returns the directories written."""
     written = []
-    for name, learner in trainer.agents.items():
+    for name, learner in trainer.learners.items():
         out = str(epath.Path(trainer.workdir) / EXPORTS / name)
         record = epath.Path(trainer.workdir) / RECORDS / name
         if write_export(learner.policy_model(), record, out):

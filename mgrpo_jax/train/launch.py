@@ -190,7 +190,7 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
     from mgrpo_jax.train import export  # each agent as an HF checkpoint: recorded now, exported when finished
     from mgrpo_jax.train.metrics import update_summary_files
 
-    export.record_agents(trainer.workdir, trainer.agents)
+    export.record_agents(trainer.workdir, trainer.learners)
     summary = trainer.run()
     if trainer.status == "finished":
         export.export_agents(trainer)

@@ -10,8 +10,10 @@
          = NoSide()                          a side this job does not hold: the other job's in the decoupled
                                              mode, or the sub-agent a single-agent run does not have
 
-`Trainer.rl_step` runs collect -> hand off -> `mgrpo_targets` -> rows -> update over whichever sides a job
-holds; `build_sides` chooses them. Each row's sampling settings come from its episode (`rollout.batches`).
+`Trainer.rl_step` runs collect -> hand off -> the credit assignment (`mgrpo_targets`, or the one `config.credit`
+names) -> rows -> `update` over whichever sides a job holds; `build_sides` chooses them. In a shared-policy mode
+(`matpo`, `shared_mgrpo`) both sides hold the one model, and `update` trains it once on both sides' rows pooled into
+one batch. Each row's sampling settings come from its episode (`rollout.batches`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from mgrpo_jax.config import rl_batch_rows
 from mgrpo_jax.core import TargetsConfig, d_histogram
 from mgrpo_jax.env.compact.world import TWINS
-from mgrpo_jax.env.prompts import SUB
+from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.rewards import rollout_arrays
 from mgrpo_jax.train import evaluation, system, unsync
@@ -71,6 +73,7 @@ class MainSide(NoSide):
 
     def __init__(self, learner, engine, env, config, workdir: str, transcripts: int):
         self.learner, self.engine, self.env, self.config = learner, engine, env, config
+        self.role = system.agent_names(config.mode)[0]  # its figures' prefix (the learner may serve both roles)
         self.transcripts_path, self.transcripts = evaluation.transcripts_path(workdir), transcripts
 
     @property
@@ -102,8 +105,9 @@ class MainSide(NoSide):
 
     def rows(self, collected: MainStep, targets, stats: dict, step: int) -> tuple[dict, dict]:
         """The agent's Q*K rows with their advantages, and its reward figures."""
-        name, learner = self.learner.name, self.learner
-        metrics = {f"{name}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok", "zero_std_groups")}
+        learner = self.learner
+        metrics = {f"{self.role}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok",
+                                                                       "zero_std_groups")}
         top = collected.rollout.top
         length = batches.bucket_length([len(e.tokens) for row in top for e in row], learner.config.context_tokens)
         return metrics, batches.top_batch(top, targets.main_advantages, length, learner.tokenizer.pad_id)
@@ -196,6 +200,18 @@ def build_sides(config, learners: dict, engine, env, store, workdir: str, is_mai
     if SUB in learners:
         sub = UnsyncSubSide(learners[SUB], store, config) if config.mode == "mgrpo_unsync" else SubSide(learners[SUB])
     return main, sub
+
+
+def update(main, main_rows, sub, sub_rows, config) -> dict:
+    """Both sides' policy updates: each its own learner's, or, where the two sides hold one model (a shared-policy
+    mode), one update of it on their rows pooled into one batch of `rl_batch_rows(config, "main")` rows (main rows,
+    then sub rows, then weight-0 padding rows; every row as long as the longest), so MATPO's loss takes one token
+    mean over both roles' tokens."""
+    shared = getattr(main, "learner", None)
+    if shared is None or getattr(sub, "learner", None) is not shared:
+        return {**main.update(main_rows), **sub.update(sub_rows)}
+    pooled = batches.concat_rows([main_rows, *sub_rows], shared.tokenizer.pad_id)
+    return shared.train(batches.pad_rows(pooled, rl_batch_rows(config, MAIN), shared.tokenizer.pad_id))
 
 
 def step_timings(metrics: dict, t0: float, t1: float, t2: float, t3: float) -> dict:

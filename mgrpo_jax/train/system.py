@@ -14,7 +14,7 @@ import ml_collections
 from etils import epath
 from flax import nnx
 
-from mgrpo_jax.config import rl_batch_rows
+from mgrpo_jax.config import SHARED_MODES, rl_batch_rows
 from mgrpo_jax.env.compact import CompactEnvironment, CompactNoise, CompactWorldConfig, build_compact_environment
 from mgrpo_jax.env.environment import OfflineEnvironment, build_offline_environment
 from mgrpo_jax.env.experts import NoiseConfig
@@ -236,7 +236,22 @@ def build_agent(name: str, agent_cfg, tokenizer: ChatTokenizer, devices, seed: i
 
 
 def agent_names(mode: str) -> tuple[str, ...]:
+    """The roles of `mode`'s rollouts (the engine's agents): the single agent, or the main agent and its sub-agent."""
     return (SINGLE,) if mode == "single_agent" else (MAIN, SUB)
+
+
+SHARED = "shared"  # the one learner of a shared-policy mode (config.SHARED_MODES): both roles, built from `main`
+
+
+def model_sections(mode: str) -> tuple[str, ...]:
+    """The config sections a model is built from: one per role, or `main` alone in a shared-policy mode."""
+    return (MAIN,) if mode in SHARED_MODES else agent_names(mode)
+
+
+def distinct_learners(agents: dict) -> dict:
+    """{learner name: learner} of a role -> learner mapping: each model once (a shared-policy mode's two roles are
+    one learner). What owns state (checkpoints, warm start, export) iterates over these, not over roles."""
+    return {learner.name: learner for learner in agents.values()}
 
 
 def batch_rows(config, name: str) -> list[int]:
@@ -276,7 +291,7 @@ def agent_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
 def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, list]:
     """{agent: the devices its mesh spans} for the agents of `config.mode` (`only`: a subset). A mesh whose axes
     cannot fit those devices is a ValueError naming `<agent>.mesh` and its value."""
-    names = agent_names(config.mode)
+    names = model_sections(config.mode)
     devices = agent_devices([n for n in names if only is None or n in only])
     out = {}
     for name in (n for n in names if n in devices):
@@ -292,9 +307,14 @@ def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, l
 
 
 def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
-    """The run's agents (`only`: a subset, e.g. one side of the decoupled mode, seeded as in the full run); each
-    gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`)."""
+    """{role: its Learner} of the run (`only`: a subset of roles, e.g. one side of the decoupled mode, seeded as in
+    the full run); each gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`). In a shared-policy
+    mode both roles map to one learner, `SHARED`, built from `config.main`."""
     names, devices = agent_names(config.mode), agent_mesh_devices(config, only)
+    if config.mode in SHARED_MODES:
+        shared = build_agent(SHARED, config[MAIN], agent_tokenizer(config, MAIN, tokenizer), devices[MAIN],
+                             config.seed * 100)
+        return {name: shared for name in names}
     agents = {}
     for offset, name in enumerate(names):
         if name in devices:

@@ -6,13 +6,16 @@ One RL step (`rl_step`), the same for every mode and for both jobs of the decoup
             expert scores);
   hand off  through the exchange (mgrpo_jax/train/exchange.py) to the sub side: by reference in this process, or
             through the shared store between the two jobs of the decoupled mode (mgrpo_jax/train/decoupled.py);
-  targets   `mgrpo_targets` (mgrpo_jax/core/mgrpo.py): rewards, alignment and advantages of both agents in one
-            jitted call;
+  targets   the credit assignment (`config.credit`, mgrpo_jax/core/credit.py; by default `mgrpo_targets`,
+            mgrpo_jax/core/mgrpo.py): rewards, alignment and advantages of both agents in one jitted call;
   update    each side (mgrpo_jax/train/sides.py) builds its rows and trains: the main agent on its Q*K rows; the
             sub-agent on its Q*K*D aligned rows (`mgrpo`), on FIFO chunks (`mgrpo_unsync`) or not at all
             (`frozen_sub`); new weights to the samplers.
-Modes: `mgrpo`, `frozen_sub`, `single_agent` (one agent with the sub-agent's tools), `mgrpo_unsync`. Roles: a
-`colocated` job holds both sides; the decoupled mode's `main` and `sub` jobs hold one each (`NoSide` the other).
+Modes: `mgrpo`, `frozen_sub`, `single_agent` (one agent with the sub-agent's tools), `mgrpo_unsync`, and the
+shared-policy modes `matpo` (MATPO: one model serves the planner and worker roles, credit `matpo`, one update on both
+roles' rows pooled) and `shared_mgrpo` (the same model with M-GRPO's credit). Roles: a `colocated` job holds both
+sides; the decoupled mode's `main` and `sub` jobs hold one each (`NoSide` the other); a shared-policy mode runs
+colocated only.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import time
 
 import jax
 
-from mgrpo_jax.core import TargetsConfig, mgrpo_targets
+from mgrpo_jax.config import credit_name
+from mgrpo_jax.core import credit_config_type, get_credit
 from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.store import open_store
@@ -58,12 +62,14 @@ class Trainer:
         self.tokenizer = system.build_tokenizer(config, self.env, self.workdir)
         if published is not None:
             decoupled.check_tokenizer(self.tokenizer, published, config, self.workdir)
-        self.agents = system.build_agents(config, self.tokenizer, only=ROLES[role])
+        self.agents = system.build_agents(config, self.tokenizer, only=ROLES[role])  # {role: Learner}
+        self.learners = system.distinct_learners(self.agents)  # each model once: what checkpoints hold
         self.holds_every_agent = role == "colocated"
         self.engine = system.build_engine(config, self.tokenizer, self.env, self.agents)
         self.writer, self.progress = MetricWriter(self.workdir, self.is_main_process, console=False), RunProgress(False)
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
-        self.targets_config = TargetsConfig.from_config(config)
+        self.credit = get_credit(credit_name(config))
+        self.targets_config = credit_config_type(credit_name(config)).from_config(config)
         self.questions = curriculum.training_questions(config, self.env, self.workdir)
         self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
         self.main, self.sub = sides.build_sides(config, self.agents, self.engine, self.env, self.store, self.workdir,
@@ -97,7 +103,7 @@ class Trainer:
     def init_from_checkpoint(self, path: str) -> int:
         """Every agent here from another run's latest checkpoint (stage 2 from stage 1); returns its step."""
         self.warm_started = True
-        return init_from_checkpoint(path, self.agents)
+        return init_from_checkpoint(path, self.learners)
 
     def evaluate(self) -> dict:  # the held-out sets run the whole system
         if not self.holds_every_agent:
@@ -120,15 +126,14 @@ class Trainer:
         metrics.update(data.metrics)
         t1 = time.perf_counter()
         key = jax.random.key(derive_seed(self.config.seed, "align", self.step))
-        targets = jax.device_get(mgrpo_targets(data.arrays, key, self.targets_config))  # one jitted call, both agents
+        targets = jax.device_get(self.credit(data.arrays, key, self.targets_config))  # one jitted call, both agents
         self.exchange.publish(self.step, data.arrays, targets)
         stats = {k: float(v) for k, v in targets.stats.items()}
         main_figures, main_rows = self.main.rows(collected, targets, stats, self.step)
         sub_figures, sub_rows = self.sub.rows(data, targets, stats, self.step)
         metrics.update({**main_figures, **sub_figures})
         t2 = time.perf_counter()
-        metrics.update(self.main.update(main_rows))
-        metrics.update(self.sub.update(sub_rows))
+        metrics.update(sides.update(self.main, main_rows, self.sub, sub_rows, self.config))
         self.exchange.commit(self.step, sub_version, int(metrics.get("sub/served", 0)))
         self.exchange.end_step(self.step)
         t3 = time.perf_counter()
@@ -142,17 +147,17 @@ class Trainer:
                 "fifo_offset": 0, **self.sub.host_state()}
 
     def save(self, force: bool = False) -> None:
-        items = {k: v for agent in self.agents.values() for k, v in agent.checkpoint_items().items()}
+        items = {k: v for agent in self.learners.values() for k, v in agent.checkpoint_items().items()}
         self.checkpointer.save(self.step, items, self.host_state(), force=force)
 
     def restore(self) -> bool:
         # The current states are the restore targets: their shapes and shardings place the restored arrays.
         restored = self.checkpointer.restore_latest(
-            {k: v for agent in self.agents.values() for k, v in agent.checkpoint_items().items()})
+            {k: v for agent in self.learners.values() for k, v in agent.checkpoint_items().items()})
         if restored is None:
             return False
         _, states, host = restored
-        for agent in self.agents.values():
+        for agent in self.learners.values():
             agent.load_checkpoint_items(states)
         self.step, self.warm_started = int(host["step"]), bool(host["warm_started"])
         self.iterator.set_state(host["iterator"])

@@ -42,12 +42,17 @@ class WarmStart:
     check runs the whole system), and where it writes (its metric log, its checkpoints under `workdir`)."""
 
     config: object
-    learners: dict  # {agent name: Learner}
+    learners: dict  # {role: Learner}; a shared-policy mode's two roles are one learner, cloned on both roles' demos
     env: object
     engine: object
     writer: object  # MetricWriter
     workdir: str
     check_format: bool = True
+
+    def __post_init__(self):
+        self.models = system.distinct_learners(self.learners)  # {learner name: Learner}: what trains
+        self.roles = {name: [role for role, agent in self.learners.items() if agent is model]
+                      for name, model in self.models.items()}
 
     def demonstrations(self, agent: str, count: int, seed: int) -> list:
         """Rendered (ids, mask) expert episodes for one agent, from stage-1 and stage-2 training questions; a
@@ -98,24 +103,26 @@ class WarmStart:
         return shares, float(np.mean(correct))
 
     def _clone(self, name: str, agent) -> types.SimpleNamespace:
-        """An agent's warm-start progress, fresh: the SFT optimizer, its demonstrations and its batch order."""
+        """A learner's warm-start progress, fresh: the SFT optimizer, its roles' demonstrations (`warmstart.examples`
+        per role) and its batch order."""
         cfg = self.config
         steps = agent.config.warmstart_steps or cfg.warmstart.steps
         sft_cfg = agent.config.sft.copy_and_resolve_references()
         sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
         agent.start_sft(sft_cfg)
-        return types.SimpleNamespace(
-            steps=steps, done=0, losses=[], finished=False,
-            examples=self.demonstrations(name, cfg.warmstart.examples, derive_seed(cfg.seed, "demos", name)),
-            rng=np.random.default_rng(derive_seed(cfg.seed, "sft", name)))
+        examples = [example for role in self.roles[name]
+                    for example in self.demonstrations(role, cfg.warmstart.examples,
+                                                       derive_seed(cfg.seed, "demos", role))]
+        return types.SimpleNamespace(steps=steps, done=0, losses=[], finished=False, examples=examples,
+                                     rng=np.random.default_rng(derive_seed(cfg.seed, "sft", name)))
 
     def _resume(self, clones: dict, checkpointer: Checkpointer) -> int:
         """The agents' states and progress from the newest warm-start checkpoint, if any; returns the rounds done."""
-        restored = checkpointer.restore_latest({name: agent.state for name, agent in self.learners.items()})
+        restored = checkpointer.restore_latest({name: agent.state for name, agent in self.models.items()})
         if restored is None:
             return 0
         total, states, host = restored
-        for name, agent in self.learners.items():
+        for name, agent in self.models.items():
             clone, saved = clones[name], host["agents"][name]
             agent.restore_state(states[name])
             clone.done, clone.finished = int(saved["done"]), bool(saved["finished"])
@@ -130,7 +137,7 @@ class WarmStart:
         all agents), and when preempted, the agents' states and progress are checkpointed in
         `<workdir>/warmstart_checkpoints`; a resumed run continues from there. Returns False when preempted."""
         cfg = self.config.warmstart
-        clones = {name: self._clone(name, agent) for name, agent in self.learners.items()}
+        clones = {name: self._clone(name, agent) for name, agent in self.models.items()}
         checkpointer = Checkpointer(self.workdir, keep=1, save_every=cfg.checkpoint_every, subdir=CHECKPOINTS)
         rounds = self._resume(clones, checkpointer)
         if not rounds and not any(c.done for c in clones.values()):
@@ -143,14 +150,14 @@ class WarmStart:
         def save(force: bool) -> None:
             total = sum(c.done for c in clones.values())
             if force or checkpointer.should_save(total):
-                states = {name: agent.state for name, agent in self.learners.items()}
+                states = {name: agent.state for name, agent in self.models.items()}
                 checkpointer.save(total, states, _host_state(clones, rounds), force=True)
 
         active = [name for name, c in clones.items() if c.done < c.steps and not c.finished]
         while active:
             round_end = (rounds + 1) * cfg.check_every if cfg.check_every else None
             for name in active:
-                clone, agent, bar = clones[name], self.learners[name], bars[name]
+                clone, agent, bar = clones[name], self.models[name], bars[name]
                 while clone.done < min(round_end or clone.steps, clone.steps):
                     if guard is not None and guard.should_stop():
                         save(force=True)
@@ -177,16 +184,19 @@ class WarmStart:
             if cfg.check_every and self.check_format:
                 rates, correct = self.greedy_format()
                 for name in active:
-                    self.writer.write(clones[name].done, {f"warmstart/{name}/format_ok": rates[name],
-                                                          f"warmstart/{name}/correct": correct},
-                                      prefix_step="warmstart")
+                    roles = self.roles[name]
+                    rate = min(rates[role] for role in roles)  # a shared model keeps the protocol in both roles
+                    record = {f"warmstart/{name}/format_ok": rate, f"warmstart/{name}/correct": correct}
+                    if len(roles) > 1:
+                        record.update({f"warmstart/{name}/{role}/format_ok": rates[role] for role in roles})
+                    self.writer.write(clones[name].done, record, prefix_step="warmstart")
                     log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
-                             clones[name].done, clones[name].losses[-1], rates[name], correct)
-                    clones[name].finished |= rates[name] >= cfg.format_target and clones[name].done >= cfg.min_steps
+                             clones[name].done, clones[name].losses[-1], rate, correct)
+                    clones[name].finished |= rate >= cfg.format_target and clones[name].done >= cfg.min_steps
             rounds += 1
             active = [name for name in active if not clones[name].finished]
         checkpointer.close()
-        for name, agent in self.learners.items():
+        for name, agent in self.models.items():
             clone = clones[name]
             bars[name].close()
             agent.reset_optimizer(agent.config.optim)
