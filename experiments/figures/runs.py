@@ -8,6 +8,9 @@ one is never run twice. The lineage is the paper's curriculum, once per seed s =
                        stage1_mgrpo_s{s} -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{s}   (Figs. 6-8, d_k)
                                          -> abl_{align_mask,beta_noexpert,dmax_low,dmax_high}_s{s} (ablations)
     warm_single_s{s} -> stage1_single_s{s} -> stage2_single_agent_s{s}                    (Fig. 7)
+                                             -> eval_single_agent_s{s}          (its held-out accuracy)
+    warm_shared_s{s} -> stage1_shared_s{s} -> stage2_{shared_mgrpo,matpo}_s{s}   (one shared model, issue 29)
+    warm_shared2x_s{s} -> stage1_shared2x_s{s} -> stage2_shared2x_s{s}   (the same, one model of ~2x the parameters)
 
 A seed varies everything a user would vary: seed s is its own world (`env.seed` = s, so its names, facts and
 questions), its own supervised warm start (cloning that world's scripted experts) and its own stage-1
@@ -16,8 +19,16 @@ its world, warm start and stage-1 checkpoint, so a claim's per-seed differences 
 interval over seeds says whether the ordering holds across worlds. The ablations are stage-2 `mgrpo` runs with
 one setting changed; the D ablation's two values are chosen from the d_k histogram of the finished stage-2
 `mgrpo` runs (below and above its 99th percentile, `dmax_choice`), so those runs wait for them. A finished run's
-`metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl`; the figure scripts plot from those copies,
-so the committed logs redraw every figure without re-training (`--plot-only`).
+`metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl` (and its learners' parameter counts to
+`<run>.params.json`); the figure scripts plot from those copies, so the committed logs redraw every figure without
+re-training (`--plot-only`).
+
+The shared-policy runs (experiments/figures/shared_policy.py) train one model for both roles (modes
+`shared_mgrpo` and `matpo`, learner `shared`, built from `config.main`) through the same curriculum: a warm start
+and stage 1 of their own in mode `shared_mgrpo`, then stage 2 with M-GRPO's credit or MATPO's from the same
+stage-1 checkpoint, evaluated as `stage2_mgrpo`. `shared2x` is the parameter-matched control: the same lineage
+with one model about as large as the two compact agents together (`SHARED2X_OVERRIDES`). `eval_single_agent_s{s}`
+evaluates the finished stage-2 single agent (whose run skips the evaluations) at its step 0 and stops.
 """
 
 from __future__ import annotations
@@ -56,7 +67,19 @@ ABLATIONS = {
     "dmax_low": (("rollout.d_max", "dmax:low"),),  # D below the 99th percentile of d_k
     "dmax_high": (("rollout.d_max", "dmax:high"),),  # D above it
 }
+# The parameter-matched control of the shared-policy comparison: one model (`config.main`, which builds the shared
+# learner) with about the two compact agents' summed parameters. The `figures` preset's compact agent (d_model 64,
+# 2 layers, 4 heads of 16, mlp 256, tied embeddings) has 169,152 parameters at the word vocabulary of the
+# figures' worlds (589), so two have 338,304; this one has 352,000 (1.040x). At vocab 600: 169,856 each, 339,712
+# for two, 353,056 here (1.039x); at vocab 1200: 208,256, 416,512 and 410,656 (0.986x). Doubling the depth alone
+# falls short, since the embeddings stay: 4 layers have 300,544 at vocab 589 (0.888x of two agents).
+SHARED2X_OVERRIDES = (("main.model_overrides.d_model", 96), ("main.model_overrides.n_heads", 6),
+                      ("main.model_overrides.n_kv_heads", 6), ("main.model_overrides.mlp_dim", 384))
+# `eval_single_agent_s{s}`: the finished stage-2 single agent evaluated once (step 0) and nothing else; a stage-2
+# success bound of 1 keeps every question, so the curriculum filter's rollouts are skipped.
+EVAL_ONLY = (("train.steps", 0), ("train.eval_at_start", True), ("env.stage2_max_success", 1.0))
 DMAX_FILE = "dmax.json"
+PARAMS_SUFFIX = ".params.json"
 DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
 
@@ -121,6 +144,18 @@ def _registry(seeds=SEEDS) -> dict[str, Run]:
         after = baseline if ablation.startswith("dmax_") else ()  # D is chosen from their d_k histogram
         runs += [Run(f"abl_{ablation}_s{s}", "mgrpo", "stage2", s, f"stage1_mgrpo_s{s}",
                      _stage2(evaluate=False) + changes, after) for s in seeds[:N_ABLATION_SEEDS]]
+    evaluated = _stage2(evaluate=True)
+    for s in seeds:  # one shared model for both roles (experiments/figures/shared_policy.py)
+        runs += [Run(f"warm_shared_s{s}", "shared_mgrpo", "stage1", s, overrides=warm),
+                 Run(f"stage1_shared_s{s}", "shared_mgrpo", "stage1", s, f"warm_shared_s{s}", NO_EVAL),
+                 Run(f"stage2_shared_mgrpo_s{s}", "shared_mgrpo", "stage2", s, f"stage1_shared_s{s}", evaluated),
+                 Run(f"stage2_matpo_s{s}", "matpo", "stage2", s, f"stage1_shared_s{s}", evaluated),
+                 Run(f"warm_shared2x_s{s}", "shared_mgrpo", "stage1", s, overrides=warm + SHARED2X_OVERRIDES),
+                 Run(f"stage1_shared2x_s{s}", "shared_mgrpo", "stage1", s, f"warm_shared2x_s{s}",
+                     NO_EVAL + SHARED2X_OVERRIDES),
+                 Run(f"stage2_shared2x_s{s}", "shared_mgrpo", "stage2", s, f"stage1_shared2x_s{s}",
+                     evaluated + SHARED2X_OVERRIDES),
+                 Run(f"eval_single_agent_s{s}", "single_agent", "stage2", s, f"stage2_single_agent_s{s}", EVAL_ONLY)]
     return {run.name: run for run in runs}
 
 
@@ -240,7 +275,28 @@ def collect_log(root: str, name: str) -> str:
             json.dump(kept, f, indent=1, sort_keys=True)
     if name.startswith("abl_dmax_") and os.path.exists(os.path.join(root, DMAX_FILE)):
         shutil.copyfile(os.path.join(root, DMAX_FILE), os.path.join(LOGS, DMAX_FILE))
+    counts = param_counts(workdir(root, name))
+    if counts:
+        with open(os.path.join(LOGS, f"{name}{PARAMS_SUFFIX}"), "w") as f:
+            json.dump(counts, f, indent=1, sort_keys=True)
     return dst
+
+
+def param_counts(run_dir: str) -> dict[str, int]:
+    """{learner: parameter count} from a workdir's `agents/<learner>/model_config.json` ({} when it has none)."""
+    from mgrpo_jax.model.config import ModelConfig
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    agents, counts = os.path.join(run_dir, "agents"), {}
+    for learner in sorted(os.listdir(agents)) if os.path.isdir(agents) else ():
+        path = os.path.join(agents, learner, "model_config.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            saved = json.load(f)
+        config = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
+        counts[learner] = int(ModelConfig(**config).num_params())
+    return counts
 
 
 def _owner(root: str, name: str) -> int | None:
@@ -314,6 +370,19 @@ def parse_args(description: str, argv=None, parser: argparse.ArgumentParser | No
 
 
 # -- reading logs -------------------------------------------------------------------------------------------
+
+
+def params(name: str) -> dict[str, int] | None:
+    """A run's collected {learner: parameter count} (`logs/<run>.params.json`), or None if it has none."""
+    path = os.path.join(LOGS, f"{name}{PARAMS_SUFFIX}")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def has_log(name: str) -> bool:
+    return os.path.exists(os.path.join(LOGS, f"{name}.jsonl"))
 
 
 def rl_rows(name: str) -> list[dict]:

@@ -154,7 +154,8 @@ def test_each_seed_is_its_own_world_warm_start_and_stage1_checkpoint():
         assert runs.worlds(runs.stage2(mode)) == [0, 1, 2, 3, 4]  # distinct worlds, one per seed
     for ablation in runs.ABLATIONS:
         assert sorted(runs.RUNS[n].seed for n in runs.ablation(ablation)) == [0, 1, 2]
-    assert len(runs.RUNS) == 4 * 5 + 4 * 5 + 4 * runs.N_ABLATION_SEEDS
+    # 4 paper runs and 4 stage-2 modes per seed, 4 ablations, and the shared-policy comparison's 8 per seed.
+    assert len(runs.RUNS) == 4 * 5 + 4 * 5 + 4 * runs.N_ABLATION_SEEDS + 8 * 5
     assert runs.lineage(["stage2_mgrpo_s2", "stage2_frozen_sub_s1"]) == [
         "warm_mgrpo_s2", "stage1_mgrpo_s2", "stage2_mgrpo_s2", "warm_mgrpo_s1", "stage1_mgrpo_s1",
         "stage2_frozen_sub_s1"]
@@ -534,3 +535,125 @@ def test_a_run_is_done_only_when_its_summary_says_finished(tmp_path, monkeypatch
     for status, done in (("interrupted", False), ("preempted", False), ("finished", True)):
         (path / "summary.json").write_text(json.dumps({"run": {"status": status, "step": 0}}))
         assert runs.is_done(str(tmp_path), "warm_mgrpo_s0") is done
+
+
+# -- the shared-policy comparison (issue 29) -----------------------------------------------------------------
+
+SHARED_NEW = ("warm_shared", "stage1_shared", "stage2_shared_mgrpo", "stage2_matpo", "warm_shared2x", "stage1_shared2x",
+              "stage2_shared2x", "eval_single_agent")
+
+
+def _compact_agent() -> dict:
+    from mgrpo_jax.config import get_config
+
+    return get_config("xbench", "figures").main.model_overrides.to_dict()
+
+
+def test_the_registry_has_the_shared_policy_runs_and_keeps_the_others():
+    warm = (("train.steps", 0), ("train.eval_at_start", False))
+    x2 = runs.SHARED2X_OVERRIDES
+    for s in runs.SEEDS:
+        expected = {  # name: (mode, stage, init, overrides)
+            f"warm_mgrpo_s{s}": ("mgrpo", "stage1", None, warm),
+            f"warm_single_s{s}": ("single_agent", "stage1", None, warm),
+            f"stage1_mgrpo_s{s}": ("mgrpo", "stage1", f"warm_mgrpo_s{s}", runs.NO_EVAL),
+            f"stage1_single_s{s}": ("single_agent", "stage1", f"warm_single_s{s}", runs.NO_EVAL),
+            f"stage2_mgrpo_s{s}": ("mgrpo", "stage2", f"stage1_mgrpo_s{s}", ()),
+            f"stage2_frozen_sub_s{s}": ("frozen_sub", "stage2", f"stage1_mgrpo_s{s}", ()),
+            f"stage2_mgrpo_unsync_s{s}": ("mgrpo_unsync", "stage2", f"stage1_mgrpo_s{s}", runs.NO_EVAL),
+            f"stage2_single_agent_s{s}": ("single_agent", "stage2", f"stage1_single_s{s}", runs.NO_EVAL),
+            # the shared-policy comparison
+            f"warm_shared_s{s}": ("shared_mgrpo", "stage1", None, warm),
+            f"stage1_shared_s{s}": ("shared_mgrpo", "stage1", f"warm_shared_s{s}", runs.NO_EVAL),
+            f"stage2_shared_mgrpo_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared_s{s}", ()),
+            f"stage2_matpo_s{s}": ("matpo", "stage2", f"stage1_shared_s{s}", ()),
+            f"warm_shared2x_s{s}": ("shared_mgrpo", "stage1", None, warm + x2),
+            f"stage1_shared2x_s{s}": ("shared_mgrpo", "stage1", f"warm_shared2x_s{s}", runs.NO_EVAL + x2),
+            f"stage2_shared2x_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared2x_s{s}", x2),
+            f"eval_single_agent_s{s}": ("single_agent", "stage2", f"stage2_single_agent_s{s}",
+                                        (("train.steps", 0), ("train.eval_at_start", True),
+                                         ("env.stage2_max_success", 1.0))),
+        }
+        for name, (mode, stage, init, overrides) in expected.items():
+            run = runs.RUNS[name]
+            assert (run.mode, run.stage, run.init, run.overrides, run.seed, run.after) == (
+                mode, stage, init, overrides, s, ()), name
+        for ablation, changes in runs.ABLATIONS.items():
+            if s < runs.N_ABLATION_SEEDS:
+                run = runs.RUNS[f"abl_{ablation}_s{s}"]
+                assert (run.mode, run.init, run.overrides) == ("mgrpo", f"stage1_mgrpo_s{s}", runs.NO_EVAL + changes)
+    assert sorted(n for n in runs.RUNS if n.rsplit("_s", 1)[0] in SHARED_NEW) == sorted(
+        f"{stem}_s{s}" for stem in SHARED_NEW for s in runs.SEEDS)
+    assert runs.lineage(["stage2_matpo_s1"]) == ["warm_shared_s1", "stage1_shared_s1", "stage2_matpo_s1"]
+    assert runs.lineage(["eval_single_agent_s0"]) == ["warm_single_s0", "stage1_single_s0", "stage2_single_agent_s0",
+                                                      "eval_single_agent_s0"]
+    # The existing runs' order is kept (the scheduler breaks ties by it); the new ones come after them.
+    names = list(runs.RUNS)
+    assert names.index("abl_dmax_high_s2") < min(names.index(f"{stem}_s0") for stem in SHARED_NEW)
+
+
+def test_the_parameter_matched_model_has_about_the_two_agents_parameters():
+    from mgrpo_jax.model.config import get_model_config
+
+    agent = _compact_agent()
+    assert agent == {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "mlp_dim": 256}
+    wide = {**agent, **{key.rsplit(".", 1)[1]: value for key, value in runs.SHARED2X_OVERRIDES}}
+    assert all(key.startswith("main.model_overrides.") for key, _ in runs.SHARED2X_OVERRIDES)
+    for vocab, (one, shared) in {589: (169_152, 352_000), 600: (169_856, 353_056), 1200: (208_256, 410_656)}.items():
+        assert get_model_config("tiny", vocab_size=vocab, **agent).num_params() == one  # the counts in runs.py
+        assert get_model_config("tiny", vocab_size=vocab, **wide).num_params() == shared
+        assert 0.9 < shared / (2 * one) < 1.1
+    # Doubling the depth alone is not enough: the (tied) embeddings stay.
+    deep = get_model_config("tiny", vocab_size=600, **{**agent, "n_layers": 4}).num_params()
+    assert deep / (2 * 169_856) < 0.9
+
+
+def test_the_shared_policy_runs_parse_and_pass_the_config_checks():
+    from absl import flags
+    from ml_collections import config_flags
+
+    from mgrpo_jax.config import validate
+
+    for name in ("stage2_matpo_s0", "stage2_shared2x_s0", "eval_single_agent_s0"):
+        argv = [sys.argv[0], *(c for c in runs.RUNS[name].command("/tmp")[2:] if not c.startswith("--workdir"))]
+        values = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+        values(argv)
+        config = values.config
+        validate(config)
+        assert config.mode == runs.RUNS[name].mode and config.stage == "stage2"
+        if name == "stage2_shared2x_s0":
+            assert (config.main.model_overrides.d_model, config.main.model_overrides.mlp_dim) == (96, 384)
+        if name == "eval_single_agent_s0":
+            assert config.train.steps == 0 and config.train.eval_at_start and config.env.stage2_max_success == 1.0
+
+
+def _model_config_json(path, **fields):
+    import dataclasses
+
+    from mgrpo_jax.model.config import get_model_config
+
+    path.mkdir(parents=True)
+    config = dataclasses.asdict(get_model_config("tiny", **{**_compact_agent(), **fields}))
+    (path / "model_config.json").write_text(json.dumps(config, indent=1))  # tuples become lists, as a run writes
+
+
+def test_collecting_a_run_writes_its_learners_parameter_counts(tmp_path, fake_logs):
+    root = tmp_path / "root"
+    for name in ("stage2_mgrpo_s0", "warm_mgrpo_s0"):
+        (root / name).mkdir(parents=True)
+        (root / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "main/reward": 0.5}) + "\n")
+    _model_config_json(root / "stage2_mgrpo_s0" / "agents" / "main", vocab_size=600)
+    _model_config_json(root / "stage2_mgrpo_s0" / "agents" / "sub", vocab_size=600, n_layers=1)
+    runs.collect_log(str(root), "stage2_mgrpo_s0")
+    # By hand, d 64, 4 heads of 16 (4 kv), mlp 256, vocab 600, tied, qk-norm: attention 4 * 64 * 64 + 2 * 16 =
+    # 16,416 and two norms 128 per layer, mlp 3 * 64 * 256 = 49,152 per layer, embeddings 38,400, final norm 64.
+    main = 38_400 + 2 * (16_416 + 128 + 49_152) + 64
+    sub = 38_400 + (16_416 + 128 + 49_152) + 64
+    assert (main, sub) == (169_856, 104_160)
+    assert json.loads((fake_logs / "stage2_mgrpo_s0.params.json").read_text()) == {"main": main, "sub": sub}
+    assert runs.params("stage2_mgrpo_s0") == {"main": main, "sub": sub}
+    runs.collect_log(str(root), "warm_mgrpo_s0")  # no agents/ folder: no params file, no error
+    assert not (fake_logs / "warm_mgrpo_s0.params.json").exists() and runs.params("warm_mgrpo_s0") is None
+    assert (fake_logs / "warm_mgrpo_s0.jsonl").exists()
+
