@@ -8,7 +8,8 @@ Runs the positive control first: the first seed's warm start and stage 1, checke
 (format kept, rewards that vary within groups, updates that move the policy); a failed control stops here, before
 hours go into runs that cannot show anything. Then trains every run the figures need
 (experiments/figures/runs.py; `--seeds` seeds per curve), `--jobs` at a time, then draws Figs. 5-8, the d_k
-histogram and the three ablations, writes results/*.json (each claimed ordering
+histogram, the three ablations and the shared-policy comparison (skipped, with a message naming them, while its
+runs have no collected logs), writes results/*.json (each claimed ordering
 with its last-window difference, bootstrap 95 % interval over seeds and verdict, `stats.py`), and writes the
 case studies. Interrupt it at any point and start it again: finished runs are kept, unfinished ones resume
 from their last checkpoint.
@@ -30,12 +31,14 @@ from experiments.figures import (
     fig8_sync,
     positive_control,
     runs,
+    shared_policy,
     table,
 )
 from mgrpo_jax.config import get_config
 from mgrpo_jax.train.metrics import read_jsonl
 
-FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram, ablations)
+FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram, ablations,
+           shared_policy)
 
 
 def control(root: str, jobs: int) -> None:

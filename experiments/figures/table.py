@@ -4,7 +4,9 @@
 
 One row per claimed ordering of the paper (Figs. 5-8) with the numbers here, mean ± std over seeds of each
 seed's mean over the last window, the difference of means with its bootstrap 95 % interval over seeds, the
-number of seeds and the verdict; then one row per ablation comparison, whose verdict says which arm is higher.
+number of seeds and the verdict; then one row per ablation comparison, whose verdict says which arm is higher;
+then the shared-policy comparison (experiments/figures/shared_policy.py): each pair on training correctness and on
+final held-out accuracy (a claimed ordering in bold, otherwise which is higher), and each system's parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from experiments.figures import runs
 CLAIM_FIGURES = (("fig5_stage1_reward", "Fig. 5"), ("fig6_accuracy", "Fig. 6"), ("fig7_stage2_reward", "Fig. 7"),
                  ("fig8_sync", "Fig. 8"))
 ABLATION_FIGURES = (("ablation_align", "alignment"), ("ablation_dmax", "D"), ("ablation_beta", "β"))
+SHARED_FIGURE = "shared_policy"
 
 
 def load(figure: str, results_dir: str | None = None) -> dict | None:
@@ -82,9 +85,40 @@ def render(results_dir: str | None = None) -> str:
     lines += ["", "| ablation | comparison | here: mean ± std over seeds of each seed's last-window mean | "
               "difference [bootstrap 95 % CI] | seeds | higher |", "|---|---|---|---|---|---|"]
     lines += rows(ABLATION_FIGURES, "comparisons", bold=False)
+    shared = load(SHARED_FIGURE, results_dir)
+    if shared is None:
+        missing.append(SHARED_FIGURE)
+    else:
+        lines += ["", *shared_policy_table(shared)]
     if missing:
         lines += ["", f"No results yet for: {', '.join(missing)}."]
     return "\n".join(lines) + "\n"
+
+
+def _count(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def shared_policy_table(results: dict) -> list[str]:
+    """The shared-policy comparison: one row per pair and metric (claims in bold), then the parameter counts."""
+    link = "[shared policy](experiments/figures/shared_policy.png)"
+    lines = ["| comparison | pair | here: mean ± std over seeds (training: each seed's last-window mean; held-out: "
+             "final evaluation) | difference [bootstrap 95 % CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
+    lines += [row(link, entry, bold=True) for entry in results.get("claims", [])]
+    lines += [row(link, entry, bold=False) for entry in results.get("comparisons", [])]
+    systems = results.get("systems", {})
+    parts = []
+    for name in results.get("system_order", sorted(systems)):
+        params = systems[name]["params"]
+        learners = params.get("learners") or {}
+        inner = " + ".join(f"{learner} {_count(n)}" for learner, n in learners.items()) if len(learners) > 1 else ""
+        approx = "~" if params.get("varies_over_seeds") else ""
+        parts.append(f"`{name}` {approx}{_count(params['total'])}" + (f" ({inner})" if inner else ""))
+    if parts:
+        ratio = results.get("params_ratio_shared2x_to_mgrpo")
+        lines += ["", "Parameters (all learners of a system): " + "; ".join(parts) + "."
+                  + (f" `shared2x` / `mgrpo` = {ratio:.3f}." if ratio is not None else "")]
+    return lines
 
 
 def main(argv=None) -> str:

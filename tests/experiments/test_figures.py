@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.figures import ablations, dk_histogram, fig5_stage1_reward, fig7_stage2_reward, run_all, runs, stats
+from experiments.figures import (
+    ablations,
+    dk_histogram,
+    fig5_stage1_reward,
+    fig7_stage2_reward,
+    run_all,
+    runs,
+    shared_policy,
+    stats,
+)
 from experiments.figures import table as table_module
 
 
@@ -420,6 +429,9 @@ def _all_logs(logs, rng, seeds):
     for s in seeds:
         _reward_logs(logs, [f"stage1_mgrpo_s{s}"], "main", 0.2, rng, steps=16,
                      extra={t: {"main/reward": 0.4 + 0.01 * s} for t in range(11, 17)})
+    for mode, level in (("shared_mgrpo", 0.4), ("matpo", 0.4), ("shared2x", 0.45)):
+        _reward_logs(logs, runs.stage2(mode), "main", level, rng)
+    _reward_logs(logs, shared_policy.eval_runs("single_agent"), "single", 0.1, rng, steps=0)
     (logs / "dmax.json").write_text(json.dumps({"p99": 2, "low": 1, "high": 4, "counts": [5, 3, 0]}))
 
 
@@ -464,7 +476,12 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     assert ablation["main/reward: D = 1 (low) vs D = 2 (preset)"] == "inconclusive"
     assert results["ablation_dmax"]["dmax"]["p99"] == 2 and results["ablation_dmax"]["preset_d_max"] == 2
     assert len(results["ablation_beta"]["comparisons"]) == 2
+    assert (out / "shared_policy.png").read_bytes()[:4] == b"\x89PNG"
+    shared = json.loads((out / "results" / "shared_policy.json").read_text())
+    assert len(shared["claims"]) == 4 and len(shared["comparisons"]) == 6
+    assert shared["systems"]["mgrpo"]["params"]["total"] is None  # no params.json among these logs
     printed = capsys.readouterr().out
+    assert "[figures] shared_policy: no parameter count for stage2_mgrpo_s{0,1,2}, " in printed
     text = table_module.render(str(out / "results"))
     assert text in printed  # run_all prints the table at the end
     lines = text.splitlines()
@@ -475,6 +492,8 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     assert "steps 9–12" in fig8
     assert sum(line.startswith("| [alignment]") for line in lines) == 2
     assert "99th percentile 1 over 3 seeds" in text  # 5/3/0 per step: p99 is d = 1
+    assert sum(line.startswith("| [shared policy]") for line in lines) == 10
+    assert "Parameters (all learners of a system): `mgrpo` ?; " in text
     assert "No results yet" not in text
     capsys.readouterr()
     run_all.main(["--table"])
@@ -657,3 +676,129 @@ def test_collecting_a_run_writes_its_learners_parameter_counts(tmp_path, fake_lo
     assert not (fake_logs / "warm_mgrpo_s0.params.json").exists() and runs.params("warm_mgrpo_s0") is None
     assert (fake_logs / "warm_mgrpo_s0.jsonl").exists()
 
+
+# Per system: the training correctness over steps 9-12 (the last window of 12 steps) is TOP + 0.01 * seed (BASE
+# before), and the held-out sets at the last evaluation (step 12) are h, h + 0.06 and h + 0.03 with h per seed,
+# so the held-out accuracy is h + 0.03.
+SHARED_TOP = {"mgrpo": 0.6, "shared_mgrpo": 0.5, "matpo": 0.45, "shared2x": 0.55, "single_agent": 0.3}
+SHARED_HELDOUT = {"mgrpo": (0.4, 0.5, 0.6), "shared_mgrpo": (0.3, 0.4, 0.5), "matpo": (0.2, 0.3, 0.4),
+                  "shared2x": (0.5, 0.4, 0.6), "single_agent": (0.3, 0.4, 0.5)}
+SHARED_PARAMS = {"mgrpo": {"main": 169_856, "sub": 169_856}, "shared_mgrpo": {"shared": 169_856},
+                 "matpo": {"shared": 169_856}, "shared2x": {"shared": 353_056}, "single_agent": {"single": 169_856}}
+
+
+def _heldout_row(step, h):
+    sets = {"eval_gaia": h, "eval_xbench": h + 0.06, "eval_webwalker": h + 0.03, "validation": 0.99, "fresh": 0.99}
+    return {"step": step, **{f"eval/{k}/accuracy": v for k, v in sets.items()},
+            **{f"eval_blind/{k}/accuracy": 0.0 for k in sets}}
+
+
+def _shared_logs(logs, seeds=range(3), skip=()):
+    for system, top in SHARED_TOP.items():
+        key = shared_policy.correct_key(system)
+        for s in seeds:
+            h, name = SHARED_HELDOUT[system][s], f"stage2_{system}_s{s}"
+            rows = [{"step": t, key: (top if t > 8 else 0.1) + 0.01 * s} for t in range(1, 13)]
+            if system == "single_agent":  # trained without evaluations; its evaluation run has one, at step 0
+                _write_logs(logs, f"eval_single_agent_s{s}", [_heldout_row(0, h)])
+            else:
+                rows = [_heldout_row(0, 0.9)] + rows
+                rows[6].update(_heldout_row(6, 0.9))
+                rows[12].update(_heldout_row(12, h))
+            if name in skip:
+                continue
+            _write_logs(logs, name, rows)
+            (logs / f"{name}.params.json").write_text(json.dumps(SHARED_PARAMS[system]))
+
+
+def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
+    runs.set_seeds(3)
+    _shared_logs(fake_logs)
+    results = shared_policy.main(["--plot-only", "--seeds", "3"])
+    out = fake_logs.parent
+    assert (out / "shared_policy.png").read_bytes()[:4] == b"\x89PNG"
+    saved = json.loads((out / "results" / "shared_policy.json").read_text())
+    assert saved["claims"] == json.loads(json.dumps(results["claims"]))
+    systems = saved["systems"]
+    assert {s: systems[s]["params"]["total"] for s in SHARED_TOP} == {
+        "mgrpo": 339_712, "shared_mgrpo": 169_856, "matpo": 169_856, "shared2x": 353_056, "single_agent": 169_856}
+    assert systems["mgrpo"]["params"]["learners"] == {"main": 169_856, "sub": 169_856}
+    assert systems["mgrpo"]["params"]["per_seed"] == [339_712] * 3 and not systems["mgrpo"]["params"]["missing"]
+    assert saved["params_ratio_shared2x_to_mgrpo"] == pytest.approx(353_056 / 339_712)
+    for system, top in SHARED_TOP.items():
+        train = systems[system]["train_correct"]
+        assert train["window_steps"] == [9, 12] and train["window"] == 4
+        assert train["metric"] == ("single/correct" if system == "single_agent" else "main/correct")
+        assert train["per_seed"] == pytest.approx([top, top + 0.01, top + 0.02])
+        held = systems[system]["heldout_accuracy"]
+        assert held["per_seed"] == pytest.approx([h + 0.03 for h in SHARED_HELDOUT[system]])
+        assert held["evaluated_at_step"] == [12, 12, 12]  # the single agent's: its stage-2 run's last step
+    assert systems["single_agent"]["eval_runs"] == ["eval_single_agent_s0", "eval_single_agent_s1",
+                                                    "eval_single_agent_s2"]
+    assert [e["claim"] for e in saved["comparisons"]][:2] == [
+        "training correct: mgrpo vs shared_mgrpo (distinct vs shared models, M-GRPO credit)",
+        "held-out accuracy: mgrpo vs shared_mgrpo (distinct vs shared models, M-GRPO credit)"]
+    assert [e["claim"] for e in saved["claims"]][:2] == ["training correct: matpo > single_agent (MATPO's claim)",
+                                                         "held-out accuracy: matpo > single_agent (MATPO's claim)"]
+    entries = {(e["claim"].split(":")[0], *e["order"]): e for e in saved["claims"] + saved["comparisons"]}
+    # (metric, A, B): (diff, verdict). The training differences are the same at every seed, so the interval is that
+    # point; held-out, mgrpo - shared2x is -0.1, +0.1 and 0 over the seeds.
+    train, held = "training correct", "held-out accuracy"
+    expected = {
+        (train, "mgrpo", "shared_mgrpo"): (0.1, "mgrpo > shared_mgrpo"),
+        (held, "mgrpo", "shared_mgrpo"): (0.1, "mgrpo > shared_mgrpo"),
+        (train, "shared_mgrpo", "matpo"): (0.05, "shared_mgrpo > matpo"),
+        (held, "shared_mgrpo", "matpo"): (0.1, "shared_mgrpo > matpo"),
+        (train, "mgrpo", "shared2x"): (0.05, "mgrpo > shared2x"),
+        (held, "mgrpo", "shared2x"): (0.0, "inconclusive"),
+        (train, "matpo", "single_agent"): (0.15, "reproduced"),
+        (held, "matpo", "single_agent"): (-0.1, "not reproduced"),
+        (train, "mgrpo", "single_agent"): (0.3, "reproduced"),
+        (held, "mgrpo", "single_agent"): (0.1, "reproduced"),
+    }
+    assert set(entries) == set(expected)
+    for key, (diff, verdict) in expected.items():
+        entry = entries[key]
+        assert entry["diff"] == pytest.approx(diff, abs=1e-9) and entry["verdict"] == verdict, key
+        assert entry["n_seeds"] == 3 and entry["paired"]
+        assert entry["world_seeds"] == {label: [0, 1, 2] for label in entry["order"]}
+        if verdict != "inconclusive":
+            assert entry["ci95"] == pytest.approx([diff, diff], abs=1e-9)
+        assert entry["window_steps"] == ([9, 12] if key[0] == train else [12, 12])
+    lo, hi = entries[(held, "mgrpo", "shared2x")]["ci95"]
+    assert lo < 0 < hi
+    assert entries[(train, "mgrpo", "single_agent")]["metric"] == {"mgrpo": "main/correct",
+                                                                   "single_agent": "single/correct"}
+    assert saved["runs"]["matpo"] == {"names": runs.stage2("matpo"), "world_seeds": [0, 1, 2]}
+    text = "\n".join(table_module.shared_policy_table(saved))
+    assert text.count("| [shared policy](experiments/figures/shared_policy.png) |") == 10
+    assert ("| training correct: matpo > single_agent (MATPO's claim) | `matpo` 0.460 ± 0.010; `single_agent` 0.310 "
+            "± 0.010 (steps 9–12) | +0.150 [+0.150, +0.150] | 3 | **reproduced** |") in text
+    assert "`mgrpo` vs `shared2x`" not in text and "(step 12) |" in text
+    assert ("Parameters (all learners of a system): `mgrpo` 339,712 (main 169,856 + sub 169,856); `shared_mgrpo` "
+            "169,856; `matpo` 169,856; `shared2x` 353,056; `single_agent` 169,856. `shared2x` / `mgrpo` = 1.039."
+            ) in text
+
+
+def test_shared_policy_skips_the_figure_while_runs_are_missing(fake_logs, capsys):
+    runs.set_seeds(3)
+    _shared_logs(fake_logs, skip=("stage2_matpo_s1", "stage2_matpo_s2", "stage2_single_agent_s0"))
+    (fake_logs / "eval_single_agent_s2.jsonl").unlink()
+    assert shared_policy.main(["--plot-only", "--seeds", "3"]) is None
+    assert capsys.readouterr().out.strip() == ("[figures] shared_policy: skipped, no collected log yet for "
+                                               "stage2_matpo_s{1,2}, stage2_single_agent_s0, eval_single_agent_s2")
+    assert not (fake_logs.parent / "shared_policy.png").exists()
+    assert not (fake_logs.parent / "results").exists()
+    assert "No results yet for: " in table_module.render(str(fake_logs.parent / "results"))
+    assert table_module.render(str(fake_logs.parent / "results")).rstrip().endswith("shared_policy.")
+
+
+def test_shared_policy_params_missing_for_some_runs_are_reported(fake_logs, capsys):
+    runs.set_seeds(2)
+    _shared_logs(fake_logs, seeds=range(2))
+    (fake_logs / "stage2_matpo_s1.params.json").unlink()
+    results = shared_policy.main(["--plot-only", "--seeds", "2"])
+    params = results["systems"]["matpo"]["params"]
+    assert params["per_seed"] == [169_856, None] and params["total"] == 169_856
+    assert params["missing"] == ["stage2_matpo_s1"]
+    assert "[figures] shared_policy: no parameter count for stage2_matpo_s1\n" in capsys.readouterr().out
