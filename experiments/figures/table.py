@@ -4,9 +4,10 @@
 
 One row per claimed ordering of the paper (Figs. 5-8) with the numbers here, mean ± std over seeds of each
 seed's mean over the last window, the difference of means with its bootstrap 95 % interval over seeds, the
-number of seeds and the verdict; then one row per ablation comparison, whose verdict says which arm is higher;
-then the shared-policy comparison (experiments/figures/shared_policy.py): each pair on training correctness and on
-final held-out accuracy (a claimed ordering in bold, otherwise which is higher), and each system's parameters.
+minimum detectable difference (80 % power), the number of seeds and the verdict; then one row per ablation
+comparison, whose verdict says which arm is higher; then the shared-policy comparison
+(experiments/figures/shared_policy.py): each pair on training correctness and on final held-out accuracy (a
+claimed ordering in bold, otherwise which is higher), and each system's parameters.
 """
 
 from __future__ import annotations
@@ -55,15 +56,26 @@ def _interval(entry: dict) -> str:
     return f"{_signed(entry['diff'])} [{_signed(lo)}, {_signed(hi)}]"
 
 
+def _mdd(entry: dict) -> str:
+    """The minimum detectable difference (stats.minimum_detectable_difference); results from before it: "–"."""
+    mdd = entry.get("mdd")
+    return "–" if mdd is None or mdd != mdd else _num(mdd)
+
+
 def row(link: str, entry: dict, bold: bool = True) -> str:
     verdict = f"**{entry['verdict']}**" if bold else entry["verdict"]
-    return f"| {link} | {entry['claim']} | {_here(entry)} | {_interval(entry)} | {entry['n_seeds']} | {verdict} |"
+    return (f"| {link} | {entry['claim']} | {_here(entry)} | {_interval(entry)} | {_mdd(entry)} | {entry['n_seeds']} "
+            f"| {verdict} |")
+
+
+MDD_HEADER = "minimum detectable difference"
+
 
 
 def render(results_dir: str | None = None) -> str:
     """The claims table and the ablations table (markdown); figures without results are listed as missing."""
     lines = ["| figure | paper's claim | here: mean ± std over seeds of each seed's last-window mean | "
-             "difference [bootstrap 95 % CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
+             f"difference [bootstrap 95 % CI] | {MDD_HEADER} | seeds | verdict |", "|---|---|---|---|---|---|---|"]
     missing = []
 
     def rows(figures, key: str, bold: bool) -> list[str]:
@@ -83,7 +95,7 @@ def render(results_dir: str | None = None) -> str:
                   f"{dk.get('n_seeds', '?')} seeds of stage-2 `mgrpo` (counts by d_k: {dk['counts']}, last bin "
                   f"open-ended), mean {dk['mean']:.2f}."]
     lines += ["", "| ablation | comparison | here: mean ± std over seeds of each seed's last-window mean | "
-              "difference [bootstrap 95 % CI] | seeds | higher |", "|---|---|---|---|---|---|"]
+              f"difference [bootstrap 95 % CI] | {MDD_HEADER} | seeds | higher |", "|---|---|---|---|---|---|---|"]
     lines += rows(ABLATION_FIGURES, "comparisons", bold=False)
     shared = load(SHARED_FIGURE, results_dir)
     if shared is None:
@@ -103,7 +115,8 @@ def shared_policy_table(results: dict) -> list[str]:
     """The shared-policy comparison: one row per pair and metric (claims in bold), then the parameter counts."""
     link = "[shared policy](experiments/figures/shared_policy.png)"
     lines = ["| comparison | pair | here: mean ± std over seeds (training: each seed's last-window mean; held-out: "
-             "final evaluation) | difference [bootstrap 95 % CI] | seeds | verdict |", "|---|---|---|---|---|---|"]
+             f"final evaluation) | difference [bootstrap 95 % CI] | {MDD_HEADER} | seeds | verdict |",
+             "|---|---|---|---|---|---|---|"]
     lines += [row(link, entry, bold=True) for entry in results.get("claims", [])]
     lines += [row(link, entry, bold=False) for entry in results.get("comparisons", [])]
     systems = results.get("systems", {})

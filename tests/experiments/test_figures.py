@@ -773,7 +773,7 @@ def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
     text = "\n".join(table_module.shared_policy_table(saved))
     assert text.count("| [shared policy](experiments/figures/shared_policy.png) |") == 10
     assert ("| training correct: matpo > single_agent (MATPO's claim) | `matpo` 0.460 ± 0.010; `single_agent` 0.310 "
-            "± 0.010 (steps 9–12) | +0.150 [+0.150, +0.150] | 3 | **reproduced** |") in text
+            "± 0.010 (steps 9–12) | +0.150 [+0.150, +0.150] | 0.000 | 3 | **reproduced** |") in text
     assert "`mgrpo` vs `shared2x`" not in text and "(step 12) |" in text
     assert ("Parameters (all learners of a system): `mgrpo` 339,712 (main 169,856 + sub 169,856); `shared_mgrpo` "
             "169,856; `matpo` 169,856; `shared2x` 353,056; `single_agent` 169,856. `shared2x` / `mgrpo` = 1.039."
