@@ -76,7 +76,17 @@ def spec(figure: str) -> dict:
     raise KeyError(f"unknown ablation figure {figure!r}; figures are {FIGURES}")
 
 
-def draw(figure: str) -> dict:
+ARMS = {"ablation_align": ("align_mask",), "ablation_dmax": ("dmax_low", "dmax_high"),
+        "ablation_beta": ("beta_noexpert",)}  # the ablation runs each figure compares with stage-2 mgrpo
+
+
+def draw(figure: str) -> dict | None:
+    """The figure and results from the collected logs; None (with a message) if a run has no log yet."""
+    missing = [n for n in runs.stage2("mgrpo") + [n for a in ARMS[figure] for n in runs.ablation(a)]
+               if not runs.has_log(n)]
+    if missing:
+        print(f"[figures] {figure}: skipped, no collected log yet for {', '.join(missing)}", flush=True)
+        return None
     s = spec(figure)
     fig, axes = runs.new_figure(len(s["keys"]))
     keys = [key for key, _ in s["keys"]]

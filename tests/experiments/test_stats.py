@@ -30,3 +30,12 @@ def test_every_claim_states_its_minimum_detectable_difference():
     entry = stats.compare([0.5, 0.7, 0.9], [0.4, 0.5, 0.6], ("A", "B"), paired=True)
     assert entry["mdd"] == pytest.approx(stats.minimum_detectable_difference([0.5, 0.7, 0.9], [0.4, 0.5, 0.6],
                                                                              paired=True))
+
+
+def test_an_ablation_without_its_logs_is_skipped_not_drawn(tmp_path, monkeypatch, capsys):
+    from experiments.figures import ablations, runs
+
+    monkeypatch.setattr(runs, "LOGS", str(tmp_path))
+    assert ablations.draw("ablation_beta") is None
+    assert "ablation_beta: skipped, no collected log yet for stage2_mgrpo_s0" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())  # nothing written
