@@ -41,6 +41,21 @@ topology has more row shards than the config's micro-batches give rows, the micr
 one row per shard (the `micro` column); where it has more row shards than the batch has rows, factors of fsdp go
 to the tensor axis (`mesh_for_rows`). Last line: one JSON object.
 
+`--agent=shared` plans one model serving both roles (the `shared_mgrpo` mode: MATPO's one model, M-GRPO's
+credit): the preset's model (built from `main`, as mgrpo_jax/train/system.py builds it) with one optimizer, its
+train program on the pooled batch of the main agent's Q*K rows and the sub-agent's Q*K*D rows (16 + 128 = 144 at
+the `paper` preset; `rl_batch_rows` of the shared mode), its slots program holding both roles' decode slots (16 +
+128) on that one model, its prefill and decode programs at the larger role's batch (the lock-step sampler calls
+each role apart). 144 rows do not split over 32 row shards: `mesh_for_rows` hands fsdp's factors to `tensor` until
+the row shards divide the rows (16 on 32 chips: fsdp 2 x tensor 2 x expert 8) and `micro_for` takes one row per
+row shard per micro-batch (9 micro-batches on v5p-64; the `micro` column, `<prefix>_shared_train_micro_batches_`).
+Its keys start `<prefix>_shared_` (`paper_moe_shared_train_gib_per_chip_v5p64`, `paper_moe_shared_fits_v5p64`).
+Beside it the same run plans the two-model setup on the same topologies (`--no-two_models` skips it): the main
+agent and the sub-agent, each on its own slice (keys `<prefix>_main_`, `<prefix>_sub_`), and compares the chips and
+per-chip GiB: `<prefix>_two_models_chips_v5p64` (64: two v5p-64 slices) against `<prefix>_shared_chips_v5p64` (32),
+`<prefix>_two_models_fits_`, `<prefix>_two_models_max_gib_per_chip_`. At the small sizes the pair is the small
+model as the sub-agent and a main agent with a quarter of its rows.
+
 `--lora` plans the `paper_lora` preset's agent instead (LoRA rank 64 on every projection, the frozen base in
 bfloat16): its train step holds the base, the adapters and their optimizer state (`lora_train_state`); its sampler
 programs run the merged weights, a plain model in the base's dtype (`Learner.publish` merges once per update).
@@ -101,12 +116,45 @@ class Plan:
     max_new: int
     rules: tuple = DEFAULT_RULES  # the sharding rule set (`agent.sharding_rules`)
     lora: object = None  # a LoraSpec (mgrpo_jax/model/lora.py): the train step trains adapters over a frozen base
+    slots: int = 0  # decode slots of the slots program (0: `sample_rows`); a shared model's holds both roles'
+
+
+SHARED_MODE = "shared_mgrpo"  # the shared-policy mode of `--agent=shared` (config.SHARED_MODES; M-GRPO's credit)
 
 
 def paper_plan(agent: str = "sub", preset: str = "paper") -> Plan:
     """The `paper` (or `paper_dense`, `paper_lora`) preset's agent (default: the sub-agent, the larger batch) with
-    the checkpoint's vocabulary."""
-    c = get_config("xbench", preset)
+    the checkpoint's vocabulary; "shared": `shared_plan`."""
+    if agent == "shared":
+        return shared_plan(preset)
+    return _config_plan(get_config("xbench", preset), agent)
+
+
+def shared_of(main: Plan, sub: Plan) -> Plan:
+    """One model serving both roles: `main`'s model, mesh and optimizer (the shared model is built from `main`), its
+    train step on the pooled batch (main rows + sub rows), its slots program holding both roles' slots, its prefill
+    and decode at the larger role's sampler batch (each role's sampler call on its own)."""
+    return dataclasses.replace(main, train_rows=main.train_rows + sub.train_rows,
+                               sample_rows=max(main.sample_rows, sub.sample_rows),
+                               slots=(main.slots or main.sample_rows) + (sub.slots or sub.sample_rows))
+
+
+def shared_plan(preset: str = "paper") -> Plan:
+    """The preset's model serving both roles (mode `shared_mgrpo`): `shared_of` its two agents, with the shared
+    config's micro-batches; its rows are the shared mode's `rl_batch_rows` (checked)."""
+    c = get_config("xbench", f"{preset},{SHARED_MODE}")
+    plan = shared_of(paper_plan("main", preset), paper_plan("sub", preset))
+    if plan.train_rows != rl_batch_rows(c, "main"):
+        raise ValueError(f"pooled rows {plan.train_rows} != the shared mode's batch {rl_batch_rows(c, 'main')}")
+    return dataclasses.replace(plan, micro_batches=c.main.micro_batches)
+
+
+def small_main(plan: Plan) -> Plan:
+    """The main agent of a small pair whose sub-agent is `plan`: a quarter of its rows."""
+    return dataclasses.replace(plan, train_rows=plan.train_rows // 4, sample_rows=plan.sample_rows // 4)
+
+
+def _config_plan(c, agent: str) -> Plan:
     a = c[agent]
     model = get_model_config(a.model, **a.model_overrides.to_dict())
     rows = rl_batch_rows(c, agent)
@@ -145,10 +193,10 @@ def topology_devices(topology: str) -> list:
 def mesh_for_rows(shape: dict, n_devices: int, rows: int) -> dict:
     """The config's mesh (axis -> size, one may be -1) resolved for ``n_devices``. Where its row shards (data x
     fsdp x expert) outnumber the RL batch's ``rows`` (the 30B-A3B's 8-way expert axis on a 256-chip v6e: 256
-    shards, 128 rows), fsdp hands factors of 2 to ``tensor`` until they do not: the mesh a user would set for
-    that slice."""
+    shards, 128 rows) or do not divide them (a shared model's 144 rows on 32 shards), fsdp hands factors of 2 to
+    ``tensor`` until they do: the mesh a user would set for that slice."""
     sizes = resolve_mesh_shape(shape, n_devices)
-    while math.prod(sizes.get(a, 1) for a in ("data", "fsdp", "expert")) > rows and sizes.get("fsdp", 1) % 2 == 0:
+    while rows % math.prod(sizes.get(a, 1) for a in ("data", "fsdp", "expert")) and sizes.get("fsdp", 1) % 2 == 0:
         sizes["fsdp"] //= 2
         sizes["tensor"] = sizes.get("tensor", 1) * 2
     return sizes
@@ -277,13 +325,13 @@ def lower_slots(plan: Plan, mesh: Mesh, n_slots: int):
 
 
 def slot_rows(plan: Plan, mesh: Mesh) -> tuple[int, int]:
-    """(slots, shards): the slot program is planned with the sampler's batch (Q*K*D rows for the sub-agent),
-    rounded up to the cache rows' shards."""
+    """(slots, shards): the slot program is planned with the plan's slots (the sampler's batch: Q*K*D rows for the
+    sub-agent; both roles' for a shared model), rounded up to the cache rows' shards."""
     spec = MeshRules(mesh, tuple(plan.rules)).spec(("act_batch",))
     entry = spec[0] if len(spec) else None
     axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
     shards = math.prod(mesh.shape[a] for a in axes)
-    return -(-plan.sample_rows // shards) * shards, shards
+    return -(-(plan.slots or plan.sample_rows) // shards) * shards, shards
 
 
 def slots_fit(plan: Plan, mesh: Mesh, first: dict, n_slots: int, shards: int, hbm: float,
@@ -372,12 +420,102 @@ def _key(name: str) -> str:
     return name.replace("-", "")
 
 
+def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, programs: tuple,
+             fit_fraction: float) -> tuple[list, dict]:
+    """Plans `plan` on each of `names` (topologies of `table`), printing its description and a row per program;
+    returns the rows and their figures (keys `<prefix>_<program>_gib_per_chip_<topology>`, ...)."""
+    m = plan.model
+    experts = f" ({m.num_experts} experts, {m.num_params(active=True) / 1e9:.2f}B active)" if m.num_experts else ""
+    slots = f"; slots {plan.slots}" if plan.slots else ""
+    print(f"{label}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters{experts} "
+          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}"
+          f"{'' if plan.lora is None else f', LoRA rank {plan.lora.rank} on ' + ','.join(plan.lora.targets)}); train "
+          f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
+          f"{plan.seq_len - plan.max_new} + {plan.max_new} new{slots}; mesh {plan.mesh}; fits = at most "
+          f"{fit_fraction:.0%} of HBM", flush=True)
+    header = f"{'topology':<9} {'chips':>5} {'mesh (' + ','.join(plan.mesh) + ')':<24} {'program':<8} {'micro':>5} " \
+             f"{'GiB/chip':>9} {'HBM':>5} {'fits':>5} {'margin':>7} {'compile s':>9}"
+    print(header)
+    rows = []
+    for name in names:
+        for row in plan_topology(plan, name, table[name], programs, fit_fraction):
+            rows.append(row)
+            mesh = ",".join(str(v) for v in row["mesh"].values())
+            gib = (">" if row["refused"] else "") + f"{row['gib']:.2f}"  # ">": the compiler refused (out of HBM)
+            print(f"{row['topology']:<9} {row['chips']:>5} {mesh:<24} {row['program']:<8} "
+                  f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
+                  f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
+            if "slots_fit" in row:
+                print(f"{'':<9} slots: {row['slots']} slots plan {row['gib']:.2f} GiB/chip, "
+                      f"{row['slot_gib_per_chip'] * 1024:.1f} MiB/chip per slot of {plan.seq_len} tokens -> "
+                      f"{row['slots_fit']} slots fit ({row['slots_fit_per_chip']:.1f} per chip)", flush=True)
+
+    figures = {}
+    for row in rows:
+        key = f"{prefix}_{row['program']}_{{}}_{_key(row['topology'])}"
+        figures[key.format("gib_per_chip")] = round(row["gib"], 3)
+        figures[key.format("fits")] = bool(row["fits"])
+        figures[key.format("compile_s")] = round(row["compile_s"], 1)
+        figures[key.format("refused")] = row["refused"]
+        if row["program"] == "train":
+            figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
+        for field in ("slots", "slots_fit", "slots_fit_per_chip", "slot_gib_per_chip"):
+            if field in row:
+                value = row[field]
+                figures[f"{prefix}_{field}_{_key(row['topology'])}"] = round(value, 4) if isinstance(value, float) \
+                    else value
+    for topo in names:
+        mine = [r for r in rows if r["topology"] == topo]
+        figures[f"{prefix}_fits_{_key(topo)}"] = bool(mine) and all(r["fits"] for r in mine)
+        figures[f"{prefix}_max_gib_per_chip_{_key(topo)}"] = round(max(r["gib"] for r in mine), 3)
+    return rows, figures
+
+
+def compare_shared(prefix: str, names: list, shared: list, main_rows: list, sub_rows: list) -> dict:
+    """One shared model on a slice against two models (main + sub) each on a slice of the same topology: prints
+    GiB/chip per program side by side and returns `<prefix>_shared_chips_`, `<prefix>_two_models_chips_`,
+    `<prefix>_two_models_fits_` and `<prefix>_two_models_max_gib_per_chip_` per topology."""
+    def cell(row):
+        if row is None:
+            return f"{'':>23}"
+        micro = f" micro {row['micro']}" if row["micro"] else ""
+        return f"{('>' if row['refused'] else '') + format(row['gib'], '.2f'):>8} {'yes' if row['fits'] else 'NO':>3}" \
+               f"{micro:<11}"
+
+    print("one shared model vs two models (GiB/chip, fits; each model on its own slice of the topology)")
+    print(f"{'topology':<9} {'program':<8} {'shared':>8}{'':<15} {'main':>8}{'':<15} {'sub':>8}")
+    figures = {}
+    for topo in names:
+        of = {who: [r for r in rows if r["topology"] == topo]
+              for who, rows in (("shared", shared), ("main", main_rows), ("sub", sub_rows))}
+        for program in dict.fromkeys(r["program"] for r in of["shared"]):
+            found = {who: next((r for r in rows if r["program"] == program), None) for who, rows in of.items()}
+            print(f"{topo:<9} {program:<8} {cell(found['shared'])} {cell(found['main'])} {cell(found['sub'])}")
+        chips = {who: rows[0]["chips"] if rows else 0 for who, rows in of.items()}
+        pair = of["main"] + of["sub"]
+        two_fits = bool(of["main"]) and bool(of["sub"]) and all(r["fits"] for r in pair)
+        shared_fits = bool(of["shared"]) and all(r["fits"] for r in of["shared"])
+        t = _key(topo)
+        figures[f"{prefix}_shared_chips_{t}"] = chips["shared"]
+        figures[f"{prefix}_two_models_chips_{t}"] = chips["main"] + chips["sub"]
+        figures[f"{prefix}_two_models_fits_{t}"] = two_fits
+        if pair:
+            figures[f"{prefix}_two_models_max_gib_per_chip_{t}"] = round(max(r["gib"] for r in pair), 3)
+        print(f"{topo:<9} chips: one shared model {chips['shared']} ({'fits' if shared_fits else 'does NOT fit'}); "
+              f"two models {chips['main'] + chips['sub']} ({chips['main']} + {chips['sub']}, "
+              f"{'fit' if two_fits else 'do NOT fit'})", flush=True)
+    return figures
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=tuple(SIZES), default="paper")
     parser.add_argument("--topologies", default="", help="comma-separated names (default: all of the size's)")
     parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--agent", choices=("main", "sub"), default="sub", help="paper size: which agent's shapes")
+    parser.add_argument("--agent", choices=("main", "sub", "shared"), default="sub",
+                        help="paper size: which agent's shapes; shared: one model serving both roles, beside the two")
+    parser.add_argument("--two_models", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --agent=shared: also plan main and sub, each on its own slice, and compare")
     parser.add_argument("--fit_fraction", type=float, default=0.9)
     parser.add_argument("--lora", action="store_true", help="the paper_lora preset (default topologies: "
                         + ", ".join(LORA_TOPOLOGIES) + ")")
@@ -396,60 +534,49 @@ def main(argv=None) -> dict:
         prefix += "_lora"
     names = [n for n in args.topologies.split(",") if n] or list(table)
     preset = "paper_lora" if args.lora else args.size
-    plan = small[args.size]() if args.size in small else paper_plan(args.agent, preset)
-    if args.lora and args.size in small:
-        plan = dataclasses.replace(plan, lora=paper_plan(preset="paper_lora").lora)
-    if args.model_overrides:
-        overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
-        parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
-                  for k, v in overrides.items()}
-        plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, **parsed))
-    programs = tuple(p for p in args.programs.split(",") if p)
-    m = plan.model
-    experts = f" ({m.num_experts} experts, {m.num_params(active=True) / 1e9:.2f}B active)" if m.num_experts else ""
-    print(f"{args.size}: {m.n_layers} layers, d_model {m.d_model}, {m.num_params() / 1e9:.2f}B parameters{experts} "
-          f"(params {m.param_dtype}, compute {m.dtype}, remat {m.remat}, attn_chunk {m.attn_chunk}"
-          f"{'' if plan.lora is None else f', LoRA rank {plan.lora.rank} on ' + ','.join(plan.lora.targets)}); train "
-          f"{plan.train_rows} rows x {plan.seq_len} tokens; sample {plan.sample_rows} rows, prompt "
-          f"{plan.seq_len - plan.max_new} + {plan.max_new} new; mesh {plan.mesh}; fits = at most "
-          f"{args.fit_fraction:.0%} of HBM", flush=True)
-    header = f"{'topology':<9} {'chips':>5} {'mesh (' + ','.join(plan.mesh) + ')':<24} {'program':<8} {'micro':>5} " \
-             f"{'GiB/chip':>9} {'HBM':>5} {'fits':>5} {'margin':>7} {'compile s':>9}"
-    print(header)
-    rows = []
-    for name in names:
-        for row in plan_topology(plan, name, table[name], programs, args.fit_fraction):
-            rows.append(row)
-            mesh = ",".join(str(v) for v in row["mesh"].values())
-            gib = (">" if row["refused"] else "") + f"{row['gib']:.2f}"  # ">": the compiler refused (out of HBM)
-            print(f"{row['topology']:<9} {row['chips']:>5} {mesh:<24} {row['program']:<8} "
-                  f"{row['micro'] if row['micro'] else '':>5} {gib:>9} {row['hbm_gib']:>5.0f} "
-                  f"{'yes' if row['fits'] else 'NO':>5} {row['margin']:>7.1%} {row['compile_s']:>9.1f}", flush=True)
-            if "slots_fit" in row:
-                print(f"{'':<9} slots: {row['slots']} slots plan {row['gib']:.2f} GiB/chip, "
-                      f"{row['slot_gib_per_chip'] * 1024:.1f} MiB/chip per slot of {plan.seq_len} tokens -> "
-                      f"{row['slots_fit']} slots fit ({row['slots_fit_per_chip']:.1f} per chip)", flush=True)
 
+    def plan_of(agent: str, pair: bool = False) -> Plan:
+        """`agent`'s plan; `pair`: as one of the two models beside a shared one."""
+        if args.size in small:  # `--agent` main / sub: the one small model; in a pair main has a quarter of its rows
+            plan = small[args.size]()
+            if agent == "shared":
+                plan = shared_of(small_main(plan), plan)
+            elif agent == "main" and pair:
+                plan = small_main(plan)
+        else:
+            plan = paper_plan(agent, preset)
+        if args.lora and args.size in small:
+            plan = dataclasses.replace(plan, lora=paper_plan(preset="paper_lora").lora)
+        if args.model_overrides:
+            overrides = dict(item.split("=", 1) for item in args.model_overrides.split(","))
+            parsed = {k: v == "True" if v in ("True", "False") else int(v) if v.lstrip("-").isdigit() else v
+                      for k, v in overrides.items()}
+            plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, **parsed))
+        return plan
+
+    plan = plan_of(args.agent)
+    programs = tuple(p for p in args.programs.split(",") if p)
+    shared = args.agent == "shared"
+    label = f"{args.size} shared (one model, both roles: mode {SHARED_MODE})" if shared else args.size
+    rows, planned = run_plan(plan, label, f"{prefix}_shared" if shared else prefix, names, table, programs,
+                             args.fit_fraction)
+    m = plan.model
     figures = {"size": args.size, "lora": args.lora, "fit_fraction": args.fit_fraction,
                "params_b": m.num_params() / 1e9,
                "seq_len": plan.seq_len, "train_rows": plan.train_rows}
-    for row in rows:
-        key = f"{prefix}_{row['program']}_{{}}_{_key(row['topology'])}"
-        figures[key.format("gib_per_chip")] = round(row["gib"], 3)
-        figures[key.format("fits")] = bool(row["fits"])
-        figures[key.format("compile_s")] = round(row["compile_s"], 1)
-        figures[key.format("refused")] = row["refused"]
-        if row["program"] == "train":
-            figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
-        for field in ("slots", "slots_fit", "slots_fit_per_chip", "slot_gib_per_chip"):
-            if field in row:
-                value = row[field]
-                figures[f"{prefix}_{field}_{_key(row['topology'])}"] = round(value, 4) if isinstance(value, float) \
-                    else value
-    for topo in names:
-        mine = [r for r in rows if r["topology"] == topo]
-        figures[f"{prefix}_fits_{_key(topo)}"] = bool(mine) and all(r["fits"] for r in mine)
-        figures[f"{prefix}_max_gib_per_chip_{_key(topo)}"] = round(max(r["gib"] for r in mine), 3)
+    figures.update(planned)
+    if shared:
+        pair = {agent: plan_of(agent, pair=True) for agent in ("main", "sub")}
+        figures.update({"agent": "shared", f"{prefix}_shared_main_rows": pair["main"].train_rows,
+                        f"{prefix}_shared_sub_rows": pair["sub"].train_rows, f"{prefix}_shared_slots": plan.slots})
+        if args.two_models:
+            print("two models, each on its own slice:")
+            pair_rows = {}
+            for agent, p in pair.items():
+                pair_rows[agent], planned = run_plan(p, f"{args.size} {agent}", f"{prefix}_{agent}", names, table,
+                                                     programs, args.fit_fraction)
+                figures.update(planned)
+            figures.update(compare_shared(prefix, names, rows, pair_rows["main"], pair_rows["sub"]))
     emit(figures)
     return figures
 
