@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -185,16 +186,31 @@ def settle(timeout_s: float = SETTLE_S) -> bool:
     return not waiter.is_alive()
 
 
-def discard_partial(directory: str | epath.PathLike) -> list[str]:
+def discard_partial(directory: str | epath.PathLike, timeout_s: float = 10.0) -> list[str]:
     """Removes the checkpoints Orbax had not finished writing in `directory` (a save cut off by a second Ctrl-C):
-    the complete ones stay the resume point. Returns the names removed."""
+    the complete ones stay the resume point. Returns the names removed.
+
+    A writer thread the interrupt cut off may still add a file while the folder is removed ("Directory not
+    empty"), so removal is retried until `timeout_s`; what then remains is left for the next run's Checkpointer,
+    which removes unfinished saves when it opens the folder."""
     path = epath.Path(directory)
     removed = []
     for partial in list(path.iterdir()) if path.exists() else []:
-        if TMP_MARK in partial.name:
-            partial.rmtree(missing_ok=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+        if TMP_MARK in partial.name and _remove_until(partial, time.monotonic() + timeout_s):
             removed.append(partial.name)
     return removed
+
+
+def _remove_until(partial: epath.Path, deadline: float) -> bool:
+    while True:
+        try:
+            partial.rmtree(missing_ok=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                logging.warning("could not remove the unfinished checkpoint %s; the next run removes it", partial)
+                return False
+            time.sleep(0.05)
 
 
 def _abstract(tree):

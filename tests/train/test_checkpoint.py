@@ -135,3 +135,45 @@ def test_restore_latest_without_checkpoints_is_none_and_all_damaged_raises(tmp_p
     _damage(tmp_path / "checkpoints" / "1", "main")
     with Checkpointer(tmp_path) as ckpt, pytest.raises(ValueError, match="no checkpoint in .* restores"):
         ckpt.restore_latest(target)
+
+
+def test_discard_partial_outlasts_a_writer_still_adding_files(tmp_path, monkeypatch):
+    """A writer thread the second Ctrl-C cut off may still add a file to an unfinished save while it is removed
+    ("Directory not empty"); removal retries until the writer stops, and the complete checkpoints stay."""
+    import errno
+
+    from etils import epath
+
+    from mgrpo_jax.train.checkpoint import TMP_MARK, discard_partial
+
+    (tmp_path / "3").mkdir()
+    (tmp_path / f"4{TMP_MARK}" / f"sub{TMP_MARK}").mkdir(parents=True)
+    path_type = type(epath.Path(tmp_path))
+    rmtree, calls = path_type.rmtree, []
+
+    def busy_twice(self, *args, **kwargs):
+        calls.append(self.name)
+        if len(calls) <= 2:
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", f"sub{TMP_MARK}")
+        return rmtree(self, *args, **kwargs)
+
+    monkeypatch.setattr(path_type, "rmtree", busy_twice)
+    assert discard_partial(tmp_path) == [f"4{TMP_MARK}"]
+    assert len(calls) == 3 and sorted(os.listdir(tmp_path)) == ["3"]
+
+
+def test_discard_partial_leaves_what_it_cannot_remove_for_the_next_run(tmp_path, monkeypatch, caplog):
+    import errno
+
+    from etils import epath
+
+    from mgrpo_jax.train.checkpoint import TMP_MARK, discard_partial
+
+    (tmp_path / f"4{TMP_MARK}").mkdir()
+
+    def always_busy(self, *args, **kwargs):
+        raise OSError(errno.ENOTEMPTY, "Directory not empty")
+
+    monkeypatch.setattr(type(epath.Path(tmp_path)), "rmtree", always_busy)
+    assert discard_partial(tmp_path, timeout_s=0.2) == []
+    assert "next run removes it" in caplog.text
