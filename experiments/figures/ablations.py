@@ -14,7 +14,8 @@ only difference is the setting (`runs.ABLATIONS`):
   0.5). R_S is then a different function, so only the main agent's numbers compare like with like.
 
 Each figure is mean +-1 std over seeds (EMA 0.8 thick); each comparison is the difference of the arms' means
-over the last third of the steps with a bootstrap 95 % interval over seeds (`stats.py`), and the verdict says
+over the last third of the steps with a bootstrap 95 % interval over seeds, paired by world (an ablation run and
+its default run share the world, warm start and stage-1 checkpoint; `stats.py`), and the verdict says
 which arm is higher, or "inconclusive" when the interval contains 0. Results go to results/ablation_*.json.
 """
 
@@ -97,7 +98,7 @@ def draw(figure: str) -> dict | None:
     fig.suptitle(s["title"])
     results["comparisons"] = [
         runs.window_claim(f"{key}: {a} vs {b}", (a, *curves[f"{a}/{key}"], key), (b, *curves[f"{b}/{key}"], key),
-                          claimed=False)
+                          claimed=False, paired=True)
         for a, b, key in s["pairs"]]
     results.update(s.get("extra", {}))
     runs.save_png(fig, figure)

@@ -471,6 +471,8 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     assert results["fig8_sync"]["work_per_step"] == {"synchronised": {"updates": 1.0, "trajectories": 300.0},
                                                      "unsynchronised": {"updates": 1.0, "trajectories": 290.0}}
     ablation = {c["claim"]: c["verdict"] for f in ablations.FIGURES for c in results[f]["comparisons"]}
+    # An ablation run and its default run share the world, warm start and stage-1 checkpoint: paired by world.
+    assert all(c["paired"] for f in ablations.FIGURES for c in results[f]["comparisons"])
     assert ablation["main/reward: mask vs duplicate"] == "duplicate > mask"
     assert ablation["main/reward: D = 4 (high) vs D = 2 (preset)"] == "D = 4 (high) > D = 2 (preset)"
     assert ablation["main/reward: D = 1 (low) vs D = 2 (preset)"] == "inconclusive"
