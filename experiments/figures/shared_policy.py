@@ -21,8 +21,9 @@ the last window of the training curve (the last third of the steps, as every fig
 accuracy; the difference of means with a bootstrap 95 % interval over seeds, paired by world (`stats.py`).
 MATPO's claim (matpo > single_agent) and the paper's (mgrpo > single_agent) get a verdict on the claimed ordering
 ("claims"); the three questions without a claimed direction get which is higher ("comparisons"). The results give
-each system's parameter count (all its learners, from `logs/<run>.params.json`). Runs without a collected log
-skip the figure with a message naming them.
+each system's parameter count (all its learners, from `logs/<run>.params.json`). A system with a run not yet
+collected is left out, named under "pending" with its missing runs, and so are the pairs it is in; with fewer than
+two systems ready the figure is skipped with a message naming the missing runs.
 """
 
 from __future__ import annotations
@@ -59,8 +60,14 @@ def correct_key(system: str) -> str:
     return f"{runs.top_name(system)}/correct"
 
 
-def needed() -> list[str]:
-    return list(dict.fromkeys(n for system in SYSTEMS for n in train_runs(system) + eval_runs(system)))
+def needed(systems=SYSTEMS) -> list[str]:
+    return list(dict.fromkeys(n for system in systems for n in train_runs(system) + eval_runs(system)))
+
+
+def pending() -> dict[str, list[str]]:
+    """{system: its runs without a collected log} for the systems not ready to draw."""
+    missing = {system: [n for n in needed((system,)) if not runs.has_log(n)] for system in SYSTEMS}
+    return {system: names for system, names in missing.items() if names}
 
 
 def brief(names) -> str:
@@ -123,52 +130,60 @@ def claim_text(metric: str, a: str, b: str, question: str, claimed: bool) -> str
 
 def draw() -> dict | None:
     """The figure and results from the collected logs; None (with a message) if a run has no log yet."""
-    missing = [n for n in needed() if not runs.has_log(n)]
-    if missing:
-        print(f"[figures] {FIGURE}: skipped, no collected log yet for {brief(missing)}", flush=True)
+    waiting = pending()
+    ready = [system for system in SYSTEMS if system not in waiting]
+    missing = brief([n for names in waiting.values() for n in names])
+    if len(ready) < 2:
+        print(f"[figures] {FIGURE}: skipped, no collected log yet for {missing}", flush=True)
         return None
+    if waiting:
+        print(f"[figures] {FIGURE}: drawn without {', '.join(waiting)} (no collected log yet for {missing})",
+              flush=True)
     fig, (ax_train, ax_heldout) = runs.new_figure(2)
     summaries, curves = runs.compare(ax_train, {system: (train_runs(system), correct_key(system))
-                                                for system in SYSTEMS})
+                                                for system in ready})
     ax_train.set(xlabel="stage-2 step", ylabel="fraction correct", title="Stage 2: correct training episodes")
-    results: dict = {f"{system}/correct": summaries[system] for system in SYSTEMS}
+    results: dict = {f"{system}/correct": summaries[system] for system in ready}
     results["identical/correct"] = summaries["identical"]
-    final = {system: heldout(system) for system in SYSTEMS}
+    results["pending"] = {system: brief(names) for system, names in waiting.items()}
+    final = {system: heldout(system) for system in ready}
     systems = {}
-    for system in SYSTEMS:
+    for system in ready:
         per_seed, at = stats.last_window(*curves[system])
         systems[system] = {"train_runs": train_runs(system), "eval_runs": eval_runs(system),
                            "params": param_count(system),
                            "train_correct": {"metric": correct_key(system), **at, **stats.arm(per_seed)},
                            "heldout_accuracy": {"metric": HELDOUT_METRIC, "evaluated_at_step": final[system][1],
                                                 **stats.arm(final[system][0])}}
-    results["systems"], results["system_order"] = systems, list(SYSTEMS)  # the JSON sorts the keys
+    results["systems"], results["system_order"] = systems, ready  # the JSON sorts the keys
     missing_params = [n for s in systems.values() for n in s["params"]["missing"]]
     if missing_params:
         print(f"[figures] {FIGURE}: no parameter count for {brief(missing_params)}", flush=True)
-    totals = {system: systems[system]["params"]["total"] for system in SYSTEMS}
-    if totals["mgrpo"] and totals["shared2x"]:
+    totals = {system: systems[system]["params"]["total"] for system in ready}
+    if totals.get("mgrpo") and totals.get("shared2x"):
         results["params_ratio_shared2x_to_mgrpo"] = totals["shared2x"] / totals["mgrpo"]
     results["claims"], results["comparisons"] = [], []
     for a, b, question, claimed in PAIRS:
+        if a in waiting or b in waiting:
+            continue
         out = results["claims"] if claimed else results["comparisons"]
         train = [(label, *curves[label], correct_key(label)) for label in (a, b)]
         out.append(runs.window_claim(claim_text("training correct", a, b, question, claimed), *train,
                                      claimed=claimed, paired=True))
         out.append(heldout_claim(claim_text("held-out accuracy", a, b, question, claimed), a, b, final, claimed))
-    x = np.arange(len(SYSTEMS))
-    means = [systems[s]["heldout_accuracy"]["mean"] for s in SYSTEMS]
-    stds = [systems[s]["heldout_accuracy"]["std"] for s in SYSTEMS]
-    ax_heldout.bar(x, means, 0.6, yerr=stds, capsize=3, color=[f"C{i}" for i in range(len(SYSTEMS))], alpha=0.8)
-    for i, system in enumerate(SYSTEMS):
+    x = np.arange(len(ready))
+    means = [systems[s]["heldout_accuracy"]["mean"] for s in ready]
+    stds = [systems[s]["heldout_accuracy"]["std"] for s in ready]
+    ax_heldout.bar(x, means, 0.6, yerr=stds, capsize=3, color=[f"C{SYSTEMS.index(s)}" for s in ready], alpha=0.8)
+    for i, system in enumerate(ready):
         seeds = final[system][0]
         ax_heldout.scatter(np.full(len(seeds), i) + np.linspace(-0.15, 0.15, len(seeds)), seeds, s=10, color="k",
                            zorder=3)
-    labels = [s if totals[s] is None else f"{s}\n{totals[s] / 1e3:.0f}k params" for s in SYSTEMS]
+    labels = [s if totals[s] is None else f"{s}\n{totals[s] / 1e3:.0f}k params" for s in ready]
     ax_heldout.set_xticks(x, labels, fontsize=8)
     ax_heldout.set(ylabel="accuracy (avg@3)", title="Final held-out accuracy (GAIA, XBench, WebWalker mean)")
     runs.save_png(fig, FIGURE)
-    runs.save_results(FIGURE, results, {system: train_runs(system) for system in SYSTEMS})
+    runs.save_results(FIGURE, results, {system: train_runs(system) for system in ready})
     return results
 
 

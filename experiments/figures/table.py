@@ -131,6 +131,10 @@ def shared_policy_table(results: dict) -> list[str]:
         ratio = results.get("params_ratio_shared2x_to_mgrpo")
         lines += ["", "Parameters (all learners of a system): " + "; ".join(parts) + "."
                   + (f" `shared2x` / `mgrpo` = {ratio:.3f}." if ratio is not None else "")]
+    waiting = results.get("pending") or {}
+    if waiting:
+        lines += ["", "Not yet in the comparison (no collected log yet): "
+                  + "; ".join(f"`{name}` ({runs_})" for name, runs_ in waiting.items()) + "."]
     return lines
 
 

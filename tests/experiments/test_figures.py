@@ -782,16 +782,37 @@ def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
             ) in text
 
 
-def test_shared_policy_skips_the_figure_while_runs_are_missing(fake_logs, capsys):
+def test_shared_policy_draws_the_ready_systems_and_names_the_pending_ones(fake_logs, capsys):
     runs.set_seeds(3)
     _shared_logs(fake_logs, skip=("stage2_matpo_s1", "stage2_matpo_s2", "stage2_single_agent_s0"))
     (fake_logs / "eval_single_agent_s2.jsonl").unlink()
-    assert shared_policy.main(["--plot-only", "--seeds", "3"]) is None
-    assert capsys.readouterr().out.strip() == ("[figures] shared_policy: skipped, no collected log yet for "
-                                               "stage2_matpo_s{1,2}, stage2_single_agent_s0, eval_single_agent_s2")
+    results = shared_policy.main(["--plot-only", "--seeds", "3"])
+    assert capsys.readouterr().out.startswith(
+        "[figures] shared_policy: drawn without matpo, single_agent (no collected log yet for stage2_matpo_s{1,2}, "
+        "stage2_single_agent_s0, eval_single_agent_s2)")
+    assert results["system_order"] == ["mgrpo", "shared_mgrpo", "shared2x"]
+    assert results["pending"] == {"matpo": "stage2_matpo_s{1,2}",
+                                  "single_agent": "stage2_single_agent_s0, eval_single_agent_s2"}
+    # Only the pairs of ready systems: no claim (both claims compare with single_agent), two comparisons x 2.
+    assert results["claims"] == []
+    assert {tuple(e["order"]) for e in results["comparisons"]} == {("mgrpo", "shared_mgrpo"), ("mgrpo", "shared2x")}
+    assert set(results["runs"]) == {"mgrpo", "shared_mgrpo", "shared2x"}
+    saved = json.loads((fake_logs.parent / "results" / "shared_policy.json").read_text())
+    text = "\n".join(table_module.shared_policy_table(saved))
+    assert ("Not yet in the comparison (no collected log yet): `matpo` (stage2_matpo_s{1,2}); `single_agent` "
+            "(stage2_single_agent_s0, eval_single_agent_s2).") in text
+
+
+def test_shared_policy_skips_the_figure_with_fewer_than_two_systems_ready(fake_logs, capsys):
+    runs.set_seeds(2)
+    _shared_logs(fake_logs, seeds=range(2), skip=("stage2_shared_mgrpo_s0", "stage2_matpo_s1",
+                                                   "stage2_shared2x_s0", "stage2_single_agent_s1"))
+    assert shared_policy.main(["--plot-only", "--seeds", "2"]) is None
+    assert capsys.readouterr().out.strip() == (
+        "[figures] shared_policy: skipped, no collected log yet for stage2_shared_mgrpo_s0, stage2_matpo_s1, "
+        "stage2_shared2x_s0, stage2_single_agent_s1")
     assert not (fake_logs.parent / "shared_policy.png").exists()
     assert not (fake_logs.parent / "results").exists()
-    assert "No results yet for: " in table_module.render(str(fake_logs.parent / "results"))
     assert table_module.render(str(fake_logs.parent / "results")).rstrip().endswith("shared_policy.")
 
 
