@@ -129,7 +129,8 @@ def claim_text(metric: str, a: str, b: str, question: str, claimed: bool) -> str
 
 
 def draw() -> dict | None:
-    """The figure and results from the collected logs; None (with a message) if a run has no log yet."""
+    """The figure and results of the systems whose runs are all collected (the others named under "pending");
+    None (with a message) while fewer than two systems are ready."""
     waiting = pending()
     ready = [system for system in SYSTEMS if system not in waiting]
     missing = brief([n for names in waiting.values() for n in names])

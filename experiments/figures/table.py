@@ -134,7 +134,7 @@ def shared_policy_table(results: dict) -> list[str]:
     waiting = results.get("pending") or {}
     if waiting:
         lines += ["", "Not yet in the comparison (no collected log yet): "
-                  + "; ".join(f"`{name}` ({runs_})" for name, runs_ in waiting.items()) + "."]
+                  + "; ".join(f"`{system}` ({names})" for system, names in waiting.items()) + "."]
     return lines
 
 
