@@ -3,7 +3,7 @@
 The same command runs the `local` preset on a laptop CPU and the `paper` preset on every host of a TPU pod
 slice (where `jax.distributed` is initialised from the TPU environment). N processes on one machine (or on
 hosts without a TPU environment) form one job with `--coordinator=HOST:PORT --num_processes=N --process_id=I`.
-Logic lives in `mgrpo_jax.train.trainer`; this file parses flags, sets up processes and logging, and calls it.
+Logic lives in `mgrpo_jax.rl.trainer`; this file parses flags, sets up processes and logging, and calls it.
 
 Config: `--config=FILE[:PRESET[,MODE]]`. FILE is looked up from the current directory, then from the repository
 (so `experiments/xbench.py` works from anywhere); the default is experiments/xbench.py with the default preset.
@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run from a checkout
 
 from mgrpo_jax.config import BENCHMARKS, MODES, OPEN_SECTIONS, PRESETS  # noqa: E402
-from mgrpo_jax.train.launch import UsageError, choose_platform  # noqa: E402
+from mgrpo_jax.rl.run import UsageError, choose_platform  # noqa: E402
 
 CHOSEN_PLATFORM = choose_platform()  # before anything starts JAX's backends
 
@@ -301,7 +301,7 @@ def _parse_flags_or_exit(argv: list[str]) -> list[str]:
 def main(argv):
     del argv
     config, workdir, role = _CONFIG.value, _WORKDIR.value, _ROLE.value
-    from mgrpo_jax.train.launch import check, check_meshes, execute, log_to_file, log_to_screen
+    from mgrpo_jax.rl.run import check, check_meshes, execute, log_to_file, log_to_screen
 
     try:  # on every process, before jax.distributed and before anything is built
         import_loss_modules(_LOSS_MODULES.value, config)
@@ -335,7 +335,7 @@ def main(argv):
         jax.device_count(), jax.process_count(), jax.default_backend(), chosen, config.mode, config.benchmark,
         workdir)
 
-    from mgrpo_jax.train.launch import AT_ONCE
+    from mgrpo_jax.rl.run import AT_ONCE
 
     _, status = execute(config, workdir, role=role)
     if status == AT_ONCE:  # without waiting for Orbax's threads, whose save was cut off and its files removed

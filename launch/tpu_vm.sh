@@ -27,8 +27,8 @@
 #
 # NOT EXERCISED HERE: this machine has no TPU and no GCP credentials, so this script has never run against
 # real slices. What it starts was tested locally: the same tpu_run.py flags as N CPU processes
-# (tests/train/test_multiprocess.py), the two roles over a gs:// store on a GCS emulator
-# (tests/train/test_decoupled.py), and the paper preset's memory plan compiled for these topologies
+# (tests/rl/test_multiprocess.py), the two roles over a gs:// store on a GCS emulator
+# (tests/rl/test_decoupled.py), and the paper preset's memory plan compiled for these topologies
 # (python -m mgrpo_jax.bench.plan).
 set -euo pipefail
 

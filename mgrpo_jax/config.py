@@ -2,7 +2,7 @@
 
   base_config(benchmark)   the defaults, every field with its meaning;
   validate(config, role)   every check the config alone allows (names, sizes, micro-batch splits, the decoupled
-                           roles' needs), reported together in one ValueError; `mgrpo_jax.train.launch.run` calls
+                           roles' needs), reported together in one ValueError; `mgrpo_jax.rl.run.run` calls
                            it before building anything;
   get_config(benchmark, preset)  the config of `benchmark` for "preset[,mode]" (`resolve`).
 
@@ -13,7 +13,7 @@ start their tables from that one and call `resolve` too, so `get_config(b, arg)`
 `get_config(arg)` give the same config. Nothing in the package loads experiments/ (mgrpo_jax/presets.py says why).
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync | matpo | shared_mgrpo
-(mgrpo_jax/train/trainer.py says what each trains). The last two are the shared-policy modes: one model serves both
+(mgrpo_jax/rl/trainer.py says what each trains). The last two are the shared-policy modes: one model serves both
 roles (built from `config.main`; `sub` keeps only its role's limits) and trains on both roles' rows pooled into one
 batch; their credit assignment is MATPO's and M-GRPO's (`credit_name`).
 """
@@ -34,7 +34,14 @@ from ml_collections.config_dict import placeholder
 from mgrpo_jax import presets
 
 MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync", "matpo", "shared_mgrpo")
-SHARED_MODES = ("matpo", "shared_mgrpo")  # one model, one optimizer, both roles (mgrpo_jax/train/system.py)
+SHARED_MODES = ("matpo", "shared_mgrpo")  # one model, one optimizer, both agents (mgrpo_jax/agent/build.py)
+
+
+def agent_names(mode: str) -> tuple[str, ...]:
+    """The agents of `mode`'s rollouts: the single agent, or the main agent and its sub-agent."""
+    return ("single",) if mode == "single_agent" else ("main", "sub")
+
+
 # The credit assignment (mgrpo_jax/core/credit.py) a mode uses when `config.credit` is empty.
 MODE_CREDIT = {"matpo": "matpo"}
 DEFAULT_CREDIT = "mgrpo_targets"
@@ -43,6 +50,7 @@ DEFAULT_CREDIT = "mgrpo_targets"
 MATPO_LOSS_HPARAMS = {"eps_low": 0.2, "eps_high": 0.2, "aggregation": "token-mean", "kl_coef": 0.0}
 PRESETS = tuple(presets.PRESETS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
+DECAYS = ("cosine", "linear", "constant")  # learning-rate schedules after the warm-up (mgrpo_jax/agent/optim.py)
 
 
 def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_collections.ConfigDict:
@@ -163,7 +171,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.rollout.max_sub_calls = 16
     c.rollout.temperature = 1.0
     c.rollout.unsync_chunk = 64  # mgrpo_unsync: sub-trajectories per FIFO pop
-    # mgrpo_unsync's pop rule (mgrpo_jax/train/unsync.py): "chunks" trains on every full chunk waiting (the released
+    # mgrpo_unsync's pop rule (mgrpo_jax/rl/unsync.py): "chunks" trains on every full chunk waiting (the released
     # code); "step" trains once per step on every record the previous step pushed, in the synchronised mode's batch
     # (Q*K*D rows, weight-0 padding): the same updates on the same number of trajectories, one step late.
     c.rollout.unsync_pop = "chunks"
@@ -219,7 +227,7 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
 
     c.store = "memory://mgrpo"  # memory:// | file:///path | gs://bucket/prefix
 
-    # Decoupled mode (--role=main / --role=sub, two jobs sharing only `store`; mgrpo_jax/train/decoupled.py).
+    # Decoupled mode (--role=main / --role=sub, two jobs sharing only `store`; mgrpo_jax/rl/decoupled.py).
     c.decoupled = ml_collections.ConfigDict()
     c.decoupled.timeout_s = 3600.0  # longest wait on the other job or the store (tokenizer, answers, commits, pops)
     c.decoupled.max_lag = 1  # the main job starts step s once the sub job has trained step s - max_lag
@@ -364,7 +372,6 @@ def _check_model(p: _Problems, name: str) -> None:
 def _check_agent(p: _Problems, name: str) -> None:
     from mgrpo_jax.core.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, available_losses
     from mgrpo_jax.model.sharding import RULE_SETS
-    from mgrpo_jax.train.optim import DECAYS
 
     p.choice(f"{name}.loss", available_losses(),
              hint=" (a loss defined in your own file is registered by --loss_module=FILE)")
@@ -469,7 +476,7 @@ def _field(config, name: str):
 
 
 def _check_micro_batches(p: _Problems, name: str, mode) -> None:
-    """Every batch of the agent's train steps (`mgrpo_jax.train.system.batch_rows`) splits into its micro-batches."""
+    """Every batch of the agent's train steps (`mgrpo_jax.agent.build.batch_rows`) splits into its micro-batches."""
     micro = p.number(f"{name}.micro_batches", 1)
     warm = p.number("warmstart.batch_size", 1)
     credit = credit_name(p.config) if mode is not _MISSING else DEFAULT_CREDIT

@@ -148,7 +148,7 @@ def figures(c) -> None:
     c.train.checkpoint_every = 20
     c.env.stage2_filter_pool = 256
     c.env.stage2_filter_samples = 4
-    c.rollout.unsync_pop = "step"  # Fig. 8 at equal work (mgrpo_jax/train/unsync.py)
+    c.rollout.unsync_pop = "step"  # Fig. 8 at equal work (mgrpo_jax/rl/unsync.py)
 
 
 def paper(c) -> None:

@@ -12,7 +12,7 @@
   vocabulary already has as a single token keeps its id (Qwen3 has ``<tool_call>``, ``<think>``,
   ``<tool_response>``); every other one is appended after the vocabulary (``WithAddedTokens``: ids
   ``base.vocab_size + i``, split out of text before the base tokenizer sees it, as ``transformers`` treats added
-  tokens). The model gets rows for them (``mgrpo_jax.train.pretrained``).
+  tokens). The model gets rows for them (``mgrpo_jax.agent.pretrained``).
 
 Encoding splits special tokens out first and encodes the pieces between them, so a rendered conversation is the
 concatenation of its messages' ids (the rollout engine never re-tokenizes a trajectory).

@@ -15,7 +15,7 @@ def dangling(text: str, here: Path) -> list[str]:
 
 def test_the_pattern_finds_paths_and_documents():
     here = ROOT / "mgrpo_jax" / "config.py"
-    assert dangling("see mgrpo_jax/train/trainer.py and core/losses.py", here) == []
+    assert dangling("see mgrpo_jax/rl/trainer.py and core/losses.py", here) == []
     assert dangling("see DESIGN.md section 2 and shared/reference/notes.md", here) == [
         "DESIGN.md", "shared/reference/notes.md"]
 

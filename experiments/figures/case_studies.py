@@ -15,7 +15,7 @@ import tempfile
 from experiments.figures import runs
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.scoring import world_answer_correct
-from mgrpo_jax.train.trainer import Trainer
+from mgrpo_jax.rl.trainer import Trainer
 
 BEFORE, AFTER = "stage1_mgrpo_s0", "stage2_mgrpo_s0"
 OUT = os.path.join(runs.HERE, "case_studies.md")

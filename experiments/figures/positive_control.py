@@ -29,10 +29,10 @@ import numpy as np
 
 from mgrpo_jax.config import get_config
 from mgrpo_jax.core import group_advantages
+from mgrpo_jax.env.build import noise_config
 from mgrpo_jax.env.compact.world import FACTS
+from mgrpo_jax.rl.trainer import Trainer
 from mgrpo_jax.rollout import batches
-from mgrpo_jax.train import system
-from mgrpo_jax.train.trainer import Trainer
 
 
 def _sub_episodes(trainer: Trainer, tasks: list[str], samples: int, seed: int, temperature: float):
@@ -96,7 +96,7 @@ def system_signal(trainer: Trainer, steps: int = 2) -> dict:
     finally:
         for agent in trainer.agents.values():
             del agent.train
-    affected = system.noise_config(trainer.config).wrong_kind
+    affected = noise_config(trainer.config).wrong_kind
     advantages = collections.defaultdict(list)
     for name, rows in captured:
         for batch in (rows if isinstance(rows, list) else [rows]):
@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     trainer.init_from_checkpoint(args.init)
     signal = system_signal(trainer)
     trainer.init_from_checkpoint(args.init)
-    affected = system.noise_config(config).wrong_kind
+    affected = noise_config(config).wrong_kind
     tasks = [q.decomposition[0].description for q in trainer.env.questions.stage1
              if q.decomposition[0].fact in affected][:64]
     figures = {"sub_alone": sub_alone(trainer, tasks, args.steps), "system_sub_advantages": signal,

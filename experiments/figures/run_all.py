@@ -35,7 +35,7 @@ from experiments.figures import (
     table,
 )
 from mgrpo_jax.config import get_config
-from mgrpo_jax.train.metrics import read_jsonl
+from mgrpo_jax.runtime.metrics import read_jsonl
 
 FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_histogram, ablations,
            shared_policy)

@@ -45,7 +45,7 @@ import time
 import numpy as np
 
 from experiments.figures import stats
-from mgrpo_jax.train.metrics import ema_curve, read_jsonl
+from mgrpo_jax.runtime.metrics import ema_curve, read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(REPO, "experiments", "figures")

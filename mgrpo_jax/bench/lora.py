@@ -29,11 +29,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from mgrpo_jax.agent.state import create_lora_agent_state, merged_params
 from mgrpo_jax.bench.common import emit, time_call
 from mgrpo_jax.model import abstract_model, get_model_config, make_mesh
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.sampling import Sampler
-from mgrpo_jax.train.state import create_lora_agent_state, merged_params
 
 QUICK = ["--model", "tiny", "--rank", "2", "--prompts", "2", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1"]
 

@@ -30,7 +30,7 @@ per-round ratios, so load from other processes that drifts during the run hits b
   out-major (``Sampler.out_major``, on by default on CPU). The peer runs its 2 threads in one process.
 * ``prefill``: one cached forward over batch 32 x 128 prompt tokens; tokens/s = 32 * 128 / time.
 * ``train``: one AdamW update on batch 32 x 384 tokens (next-token cross-entropy) by the project's train
-  step (``mgrpo_jax.train.step.build_step``: jitted once, state donated, gradient norm and non-finite guard
+  step (``mgrpo_jax.agent.step.build_step``: jitted once, state donated, gradient norm and non-finite guard
   included), with the batch's gradient accumulated exactly over ``train_micro_batches`` micro-batches
   (``--train-micro-batches``, default 8: 4 rows each) under ``lax.scan``. The micro-batches keep the
   activations of a [1536, 1024] matmul inside the 32 MiB L3 and XLA's temporaries small enough to be
@@ -67,11 +67,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from mgrpo_jax.agent.state import create_agent_state
+from mgrpo_jax.agent.step import build_step
 from mgrpo_jax.bench.common import emit, host_devices, time_call
 from mgrpo_jax.model import Transformer, get_model_config, make_mesh, shard_model
 from mgrpo_jax.sampling import NO_STOP, Sampler
-from mgrpo_jax.train.state import create_agent_state
-from mgrpo_jax.train.step import build_step
 
 
 @dataclasses.dataclass(frozen=True)

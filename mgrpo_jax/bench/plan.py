@@ -15,7 +15,7 @@ mesh is built over them from the config (`mesh`, sharding rules of mgrpo_jax/mod
 programs are lowered with abstract arrays (`jax.ShapeDtypeStruct`s carrying shardings: no weights exist) and
 compiled by the TPU compiler itself:
 
-  train    the agent's jitted policy step (mgrpo_jax/train/step.py) on its RL batch at the full context
+  train    the agent's jitted policy step (mgrpo_jax/agent/step.py) on its RL batch at the full context
            (every row `context_tokens` long), micro-batched as the config says, state donated;
   prefill  the sampler's prefill: prompts of `context_tokens - max_turn_tokens` tokens into a donated KV cache;
   decode   one decode step of the sampler over that cache (the body of its decode loop);
@@ -42,7 +42,7 @@ one row per shard (the `micro` column); where it has more row shards than the ba
 to the tensor axis (`mesh_for_rows`). Last line: one JSON object.
 
 `--agent=shared` plans one model serving both roles (the `shared_mgrpo` mode: MATPO's one model, M-GRPO's
-credit): the preset's model (built from `main`, as mgrpo_jax/train/system.py builds it) with one optimizer, its
+credit): the preset's model (built from `main`, as mgrpo_jax/rl/system.py builds it) with one optimizer, its
 train program on the pooled batch of the main agent's Q*K rows and the sub-agent's Q*K*D rows (16 + 128 = 144 at
 the `paper` preset; `rl_batch_rows` of the shared mode), its slots program holding both roles' decode slots (16 +
 128) on that one model, its prefill and decode programs at the larger role's batch (the lock-step sampler calls
@@ -76,6 +76,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from mgrpo_jax.agent.optim import make_optimizer
+from mgrpo_jax.agent.state import abstract_agent_state, abstract_lora_agent_state
+from mgrpo_jax.agent.step import POLICY_KEYS, batch_sharding, batch_shards, make_logprob_fn, make_policy_step
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config, rl_batch_rows
 from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_config, get_rules
@@ -83,9 +86,6 @@ from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.sharding import resolve_mesh_shape
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
 from mgrpo_jax.sampling.slots import SLOT_CHUNK, STOP_WIDTH, slot_decode
-from mgrpo_jax.train.optim import make_optimizer
-from mgrpo_jax.train.state import abstract_agent_state, abstract_lora_agent_state
-from mgrpo_jax.train.step import POLICY_KEYS, batch_sharding, batch_shards, make_logprob_fn, make_policy_step
 
 GIB = 1024**3
 HBM_GIB = {"v5p": 95.0, "v5e": 16.0, "v6e": 32.0, "v4": 32.0}
@@ -249,7 +249,7 @@ def lower_train(plan: Plan, mesh: Mesh, micro_batches: int):
         # (A LoRA agent's KL reference is its base with the adapters off: already an argument; the reference's
         # forward is not planned then.)
         return step.jitted.lower(abs_state, batch, *extra)
-    # With a KL term the agent also holds its frozen reference (the policy's shapes and shardings, train/learner.py)
+    # With a KL term the agent also holds its frozen reference (the policy's shapes and shardings, agent/learner.py)
     # and runs it on every batch for `ref_logprobs`: planned as one program, so both count.
     logprob = make_logprob_fn(graphdef, sharding, mesh, micro_batches=micro_batches)
 

@@ -99,20 +99,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mgrpo_jax.agent.build import fit_devices
+from mgrpo_jax.agent.optim import default_optim_config, make_optimizer
+from mgrpo_jax.agent.state import create_agent_state, model_from_state
+from mgrpo_jax.agent.step import make_policy_step
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
 from mgrpo_jax.core import main_advantages, mgrpo_targets
 from mgrpo_jax.env.protocol import FinalAnswer, ToolCall
 from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
+from mgrpo_jax.rl.trainer import Trainer
 from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.rollout.lockstep import LockstepRolloutEngine
 from mgrpo_jax.sampling import NO_STOP, Sampler
 from mgrpo_jax.sampling import slots as slots_module
-from mgrpo_jax.train.optim import default_optim_config, make_optimizer
-from mgrpo_jax.train.state import create_agent_state, model_from_state
-from mgrpo_jax.train.step import make_policy_step
-from mgrpo_jax.train.system import fit_devices
-from mgrpo_jax.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 

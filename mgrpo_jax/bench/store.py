@@ -8,7 +8,7 @@
     python -m mgrpo_jax.bench.store --quick               # the code path in tens of seconds
 
 **What one step moves.** The benchmark replays, through the real store API and in the decoupled mode's order,
-what `mgrpo_jax/train/decoupled.py` writes and reads per RL step, with the main job's and the sub job's
+what `mgrpo_jax/rl/decoupled.py` writes and reads per RL step, with the main job's and the sub job's
 calls on two separate `Store` handles (run one after the other in this process, as the two jobs take turns):
 
 1. ``tasks``: ``--rounds`` engine iterations (default D: every rollout delegates D times); in each the main
@@ -77,6 +77,7 @@ import numpy as np
 
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
+from mgrpo_jax.env.build import build_environment, noise_config
 from mgrpo_jax.store import PollPolicy, Record, Store, open_store
 from mgrpo_jax.store import arrays as store_arrays
 from mgrpo_jax.store.kv import KV
@@ -183,17 +184,17 @@ def payload_pool(preset: str, limit: int = 60) -> tuple[list[dict], int]:
     trained here (well under a second), and it counts the episodes' tokens; the chat world's BPE sizes are
     estimated from characters."""
     from mgrpo_jax.env.compact import CompactEnvironment
-    from mgrpo_jax.train import system
+    from mgrpo_jax.rl import system
 
     config = get_config("xbench", preset)
-    env = system.build_environment(config)
+    env = build_environment(config)
     tokenizer, vocab = None, int(config.tokenizer.vocab_size)
     if isinstance(env, CompactEnvironment):
         tokenizer = system.train_word_tokenizer(env, config)
         vocab = tokenizer.vocab_size
     if vocab <= 0:
         raise ValueError(f"the {preset} preset's tokenizer.vocab_size is {vocab}: no token ids to draw")
-    experts = env.experts(system.noise_config(config))
+    experts = env.experts(noise_config(config))
     pool = []
     for question in list(env.questions.stage2)[:limit]:
         transcript = experts.main_agent(question)
@@ -418,7 +419,7 @@ def gcs_emulator():
 
 
 def step_time_from_metrics(path: str, skip: int) -> tuple[float, list[float]]:
-    from mgrpo_jax.train.metrics import read_jsonl
+    from mgrpo_jax.runtime.metrics import read_jsonl
 
     times = [float(r["time/step_s"]) for r in read_jsonl(path) if "time/step_s" in r]
     if len(times) <= skip:
@@ -431,7 +432,7 @@ def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
     """Median ``time/step_s`` of a short colocated run of ``preset``, set up as ``bench.rollout`` sets up its own:
     warm-started as far as the preset's runs are, RL steps untimed until one compiles nothing new."""
     from mgrpo_jax.bench.rollout import ComputeTimer, instrument_trainer, prepare_config, warm_up
-    from mgrpo_jax.train.trainer import Trainer
+    from mgrpo_jax.rl.trainer import Trainer
 
     config, warm = prepare_config("xbench", preset, warmstart_steps, max_warmup_steps + rl_steps, "bench-store")
     with tempfile.TemporaryDirectory(prefix="bench-store-") as workdir:

@@ -194,7 +194,7 @@ def available_losses() -> list[str]:
     return _REGISTRY.names()
 
 
-# kl_coef 0: no KL term, and no reference policy is built (mgrpo_jax/train/learner.py).
+# kl_coef 0: no KL term, and no reference policy is built (mgrpo_jax/agent/learner.py).
 GRPO_DEFAULTS = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None, "ratio_level": "token",
                  "aggregation": "seq-mean-token-mean", "max_tokens": None, "kl_coef": 0.0, "kl_estimator": "k3"}
 DR_GRPO_DEFAULTS = {**GRPO_DEFAULTS, "aggregation": "seq-mean-token-sum-norm"}

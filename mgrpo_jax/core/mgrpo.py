@@ -14,7 +14,7 @@ The maths, in order (paper Eqs. 4-5 and 9-13):
 
 Raw per-call arrays are [Q, K, C] with C >= max d_k (the engine's `max_sub_calls`, so one shape compiles once);
 entries at i >= counts[q, k] are padding and never read. `sub_call_reward` keeps step 4 before alignment: the
-unsynchronised ablation trains on every real call once, with no slots (mgrpo_jax/train/unsync.py).
+unsynchronised ablation trains on every real call once, with no slots (mgrpo_jax/rl/unsync.py).
 
 Everything here is pure and jittable; `TargetsConfig` is static (hashable), the arrays and the key are traced.
 In the decoupled mode each job calls the same function on what it holds: the main job with its own rewards and

@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 
+from mgrpo_jax.env.build import build_environment, noise_config
 from mgrpo_jax.env.experts import NoiseConfig, ScriptedExperts
 from mgrpo_jax.env.questions import generate_questions
 from mgrpo_jax.env.tools import SearchTool, VisitTool, WorldBackend
@@ -98,14 +99,13 @@ def run_compact(per_split: int = 100, seed: int = 0) -> dict:
     """Expert success on the compact world (as the `local` preset builds it), with and without each agent's mistakes."""
     from mgrpo_jax.config import get_config
     from mgrpo_jax.env.compact import compact_success
-    from mgrpo_jax.train import system
 
     config = get_config("xbench", "local")
     config.env.seed = seed
     started = time.perf_counter()
-    env = system.build_environment(config)
+    env = build_environment(config)
     build_s = time.perf_counter() - started
-    noisy = system.noise_config(config)
+    noisy = noise_config(config)
     variants = {"expert_success": noisy,
                 "expert_success_perfect_sub": dataclasses.replace(noisy, wrong_kind_facts=0.0),
                 "expert_success_perfect_main": dataclasses.replace(noisy, wrong_entity_facts=0.0, skip_calc_facts=0.0)}

@@ -7,7 +7,7 @@ Main (or single) agent: exactly Q*K rows. Sub-agent: exactly Q*K*D rows, aligned
 Every policy batch carries its rows' sampling settings, taken from their episodes (`Episode.temperature`,
 `top_k`, `top_p`: what the rollout engine drew them with, whatever the config says): a `temperature` column
 [rows] float32, which the train step reads to recompute the behaviour log-probs under the same distribution
-(mgrpo_jax/train/step.py), and `top_k` / `top_p` columns, which the learner checks against its step's (static)
+(mgrpo_jax/agent/step.py), and `top_k` / `top_p` columns, which the learner checks against its step's (static)
 filters before training.
 """
 

@@ -62,6 +62,7 @@ from typing import Any
 from mgrpo_jax.env.grammar import CHAT, Grammar, delegation
 from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER
 from mgrpo_jax.env.protocol import FinalAnswer, FormatError, ToolCall, valid_unicode
+from mgrpo_jax.env.tools import DELEGATE
 from mgrpo_jax.rollout.episode import (
     ANSWERED,
     CONTEXT_FULL,
@@ -76,7 +77,6 @@ from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, bucket
 from mgrpo_jax.sampling.sampler import Sampler
 from mgrpo_jax.sampling.slots import SLOT_CHUNK, DecodeSlots
 
-DELEGATE = "delegate"
 MAX_ERROR_CHARS = 200  # of an exception's message in the error response
 
 log = logging.getLogger(__name__)

@@ -99,7 +99,7 @@ def sampling_logits(logits: jax.Array, temperature: jax.Array, top_k: int = 0, t
     ``-inf``). Greedy rows (temperature <= 0): the unfiltered model logits (temperature 1), whose
     log-softmax is what the sampler records for them (module docstring). The sampler draws from these
     logits, and the train step recomputes its log-probs from them
-    (:func:`mgrpo_jax.train.step.policy_logits`), so on-policy importance ratios are 1.
+    (:func:`mgrpo_jax.agent.step.policy_logits`), so on-policy importance ratios are 1.
     """
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("libtpu")
 
+from mgrpo_jax.agent.optim import make_optimizer  # noqa: E402
+from mgrpo_jax.agent.state import abstract_agent_state  # noqa: E402
 from mgrpo_jax.bench import plan as bench  # noqa: E402
-from mgrpo_jax.train.optim import make_optimizer  # noqa: E402
-from mgrpo_jax.train.state import abstract_agent_state  # noqa: E402
 
 
 def _bytes(tree):

@@ -15,7 +15,7 @@ from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
 from mgrpo_jax.env.protocol import BAD_CALL_SCHEMA, UNKNOWN_TOOL, FinalAnswer, FormatError, ToolCall
 from mgrpo_jax.env.questions import HELD_OUT_SPLITS, QuestionSetSizes
-from mgrpo_jax.train import system
+from mgrpo_jax.rl import system
 
 SIZES = QuestionSetSizes(stage1=1200, stage2=300, validation=30, eval_gaia=30, eval_xbench=30, eval_webwalker=30,
                          fresh=30)

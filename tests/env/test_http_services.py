@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mgrpo_jax.config import get_config, validate
+from mgrpo_jax.env.build import build_environment, reward_judge
 from mgrpo_jax.env.judges import AnswerCase, HttpJudge, JudgeError, RuleJudge, SubTaskCase
 from mgrpo_jax.env.loopback import LoopbackServer, Reply, chat_judge, chat_reply, world_services
 from mgrpo_jax.env.prompts import SYSTEM, USER
@@ -23,11 +24,11 @@ from mgrpo_jax.env.protocol import render_answer, render_tool_call
 from mgrpo_jax.env.scoring import EQUIVALENCE_PROMPT, EXPERT_PROMPT, XBENCH_PROMPT
 from mgrpo_jax.env.services import RETRY_AFTER_MAX_S, ChatEndpoint, ServiceClient, public_url, retry_after_s
 from mgrpo_jax.env.tools import HttpPageBackend, VisitTool, WebPage
+from mgrpo_jax.rl import evaluation
+from mgrpo_jax.rl.trainer import Trainer
+from mgrpo_jax.runtime.metrics import read_jsonl
 from mgrpo_jax.sampling.sampler import SampleOutput
 from mgrpo_jax.store.retry import RetryPolicy
-from mgrpo_jax.train import evaluation, system
-from mgrpo_jax.train.metrics import read_jsonl
-from mgrpo_jax.train.trainer import Trainer
 
 QUICK = RetryPolicy(max_attempts=3, initial_s=0.01, max_delay_s=0.02)
 KEY = "sk-loopback-7f3a9c"
@@ -316,7 +317,7 @@ def test_the_api_key_goes_only_into_the_authorization_header(monkeypatch, caplog
     with LoopbackServer(_scripted(Reply(body=chat_reply("GRADE: maybe")), Reply(503, b""))) as server:
         config = _http_config({"judge_url": server.url + "/v1", "judge_model": "m", "http_max_attempts": 2,
                                "http_backoff_s": 0.01, "http_timeout_s": 2.0})
-        judge = system.reward_judge(config, env=None)
+        judge = reward_judge(config, env=None)
         with caplog.at_level(logging.DEBUG):
             assert judge.correct(_answers("Brel")) == [0.0]
             with pytest.raises(JudgeError) as failure:
@@ -356,7 +357,7 @@ def test_a_smoke_run_with_http_search_visit_and_judge(tmp_path, monkeypatch, cap
     config = _http_config()
     config.warmstart.steps, config.train.steps, config.train.eval_every = 0, 1, 0
     config.rollout.max_turn_tokens = 96
-    env = system.build_environment(config)
+    env = build_environment(config)
     page = env.world.entities[0]
 
     def verdict(system_message, user):

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from mgrpo_jax.train.metrics import read_jsonl
+from mgrpo_jax.runtime.metrics import read_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "experiments" / "colab" / "custom_loss.ipynb"

@@ -216,10 +216,10 @@ def test_cached_decode_equals_full_forward():
 
 
 def test_sampler_logprobs_are_the_train_steps_and_router_loss_is_added():
+    from mgrpo_jax.agent.state import create_agent_state, model_from_state
+    from mgrpo_jax.agent.step import make_policy_step
     from mgrpo_jax.sampling import Sampler
-    from mgrpo_jax.train.state import create_agent_state, model_from_state
-    from mgrpo_jax.train.step import make_policy_step
-    from tests.train.test_behaviour_logprobs import on_policy_batch
+    from tests.rl.test_behaviour_logprobs import on_policy_batch
 
     sgd = optax.sgd(1.0)
     cfg = _cfg(vocab_size=64, n_layers=3, mlp_only_layers=(1,))

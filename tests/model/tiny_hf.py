@@ -28,6 +28,7 @@ import torch
 import transformers
 from tokenizers import Regex, decoders, normalizers, pre_tokenizers
 
+from mgrpo_jax.env.build import build_environment, tokenizer_corpus
 from mgrpo_jax.tokenizer_hf import CHAT_TEMPLATES
 
 QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
@@ -41,10 +42,9 @@ SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 
 def smoke_corpus(limit_questions: int = 40) -> list[str]:
     from mgrpo_jax.config import get_config
-    from mgrpo_jax.train import system
 
     config = get_config("xbench", "smoke")
-    return system.tokenizer_corpus(system.build_environment(config), config, limit_questions)
+    return tokenizer_corpus(build_environment(config), config, limit_questions)
 
 
 def _random_weights(model, seed: int, gemma: bool):

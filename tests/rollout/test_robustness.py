@@ -17,17 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mgrpo_jax.config import get_config
+from mgrpo_jax.env.build import build_environment
 from mgrpo_jax.env.compact.grammar import CLOSE, COMPACT, ERROR, OPEN_TAGS, QUESTION, RESULT
 from mgrpo_jax.env.compact.world import CALC_OPS, FACTS, HANDLES
 from mgrpo_jax.env.grammar import CHAT
 from mgrpo_jax.env.prompts import MAIN, SINGLE, SUB
 from mgrpo_jax.env.protocol import PROTOCOL_TAGS, ToolCall, parse_turn, render_answer, valid_unicode
 from mgrpo_jax.env.tools import main_agent_toolbox, sub_agent_toolbox
+from mgrpo_jax.rl import system
 from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.rollout.episode import END_REASONS
 from mgrpo_jax.sampling.sampler import SampleOutput
 from mgrpo_jax.tokenizer import SPECIAL_TOKENS
-from mgrpo_jax.train import system
 
 QUESTIONS = 4  # per engine run; each with ROLLOUTS rollouts
 ROLLOUTS = 4
@@ -52,7 +53,7 @@ def _world(preset: str, **limits) -> World:
     for agent in (MAIN, SUB, SINGLE):
         config[agent].max_turns = limits.get("max_turns", config[agent].max_turns)
     config.rollout.max_turn_tokens = limits["max_turn_tokens"]
-    env = system.build_environment(config)
+    env = build_environment(config)
     return World(preset, config, env, system.build_tokenizer(config, env, None))
 
 

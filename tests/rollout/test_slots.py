@@ -10,11 +10,13 @@ import zlib
 import numpy as np
 import pytest
 
+from mgrpo_jax.agent.build import build_agents
 from mgrpo_jax.config import get_config
+from mgrpo_jax.env.build import build_environment
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.env.protocol import FinalAnswer, ToolCall
+from mgrpo_jax.rl import system
 from mgrpo_jax.rollout.lockstep import LockstepRolloutEngine
-from mgrpo_jax.train import system
 
 
 def _h(*parts) -> int:
@@ -53,9 +55,9 @@ class World:
 def _world(preset: str) -> World:
     config = get_config("xbench", preset)
     config.rollout.max_turn_tokens = 12
-    env = system.build_environment(config)
+    env = build_environment(config)
     tokenizer = system.build_tokenizer(config, env, None)
-    return World(config, env, tokenizer, system.build_agents(config, tokenizer))
+    return World(config, env, tokenizer, build_agents(config, tokenizer))
 
 
 @pytest.fixture(scope="module", params=["local", "smoke"], ids=["compact", "chat"])

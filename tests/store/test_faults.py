@@ -1,6 +1,6 @@
 """Fault tests of the decoupled exchange: a GCS outage mid-run, and corrupt or partial objects in the store.
 
-(The killed-and-restarted sub job is tests/train/test_decoupled.py; a corrupt step record read through
+(The killed-and-restarted sub job is tests/rl/test_decoupled.py; a corrupt step record read through
 ``StepView.records`` is tests/store/test_steps.py::test_corrupt_record_detected.)
 """
 

@@ -1,0 +1,283 @@
+"""Decoupled mode: the main and the sub agent as two jobs sharing nothing but the store. Both run the same loop as
+a colocated run (`Trainer(config, workdir, role="main" | "sub")`, mgrpo_jax/rl/trainer.py), each holding one
+side (mgrpo_jax/rl/sides.py), over a store exchange instead of the in-process one.
+
+    python launch/tpu_run.py --config=experiments/xbench.py:local --role=main --workdir=runs/x --config.store=URL
+    python launch/tpu_run.py --config=experiments/xbench.py:local --role=sub  --workdir=runs/x --config.store=URL
+
+URL is `file:///shared/path` or `gs://bucket/prefix`; each role keeps its checkpoints, logs and metrics in its
+own `workdir/main` or `workdir/sub` and resumes from there on its own. Both roles take the same config.
+
+One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
+
+  main  runs the controller and M. Each engine iteration's delegations are posted as task records
+        (step s, query, rollout, invocation, M's policy version; payload: task, context, question id) and the
+        main waits for their answers before its next turn (`MainExchange.delegate`, the engine's `sub_executor`).
+  sub   claims the pending tasks of step s, runs them with its own sampler and tools in lock-step batches,
+        appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the bucket with a gs://
+        workdir), then answers.
+  main  judges its rollouts, computes the step's targets and commits `main_format_ok`, `main_correct`,
+        `main_reward` (the targets'), `sub_counts` for step s, trains M.
+  sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
+        its cache, judges its calls (the expert judge looks the question up by id), and from there runs the
+        same step as the colocated run (`Trainer.rl_step`: `mgrpo_targets`, then the sub side's `mgrpo` /
+        `mgrpo_unsync` update); then commits its own step record.
+  The main starts step s + 1 only once the sub has committed step s + 1 - max_lag, so the store's garbage
+  collection (the main keeps the last `decoupled.keep_steps` steps, at least max_lag + 1) never removes data the
+  sub has not read. Every wait gives up after `decoupled.timeout_s` with an error naming what is missing.
+
+At start-up the main publishes its tokenizer (`control/tokenizer.json`) and the sub loads it and checks its
+checksum, so both sides use the same ids. After its last step the main writes `control/done.json`; the sub
+exits once it has trained every step the main ran. Staleness is logged as `sub/staleness`: the gap between the
+sub policy's version when a trajectory was sampled and when it is trained on (tasks carry M's version, answers
+and cached trajectories S's); in `mgrpo_unsync` it is that of the records popped from the FIFO, with
+`sub/fifo_backlog`, the records left waiting.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+
+import numpy as np
+
+from mgrpo_jax.core import RolloutArrays
+from mgrpo_jax.env.build import reward_judge
+from mgrpo_jax.env.prompts import MAIN, SUB
+from mgrpo_jax.rl.exchange import Exchange, SubStep
+from mgrpo_jax.rollout.episode import Episode, RolloutBatch
+from mgrpo_jax.rollout.judging import rollout_arrays
+from mgrpo_jax.runtime import files
+from mgrpo_jax.runtime.seeds import derive_seed
+from mgrpo_jax.store import Record, StoreError, StoreTimeout
+from mgrpo_jax.store.records import seal, unseal
+from mgrpo_jax.store.retry import poll_until
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_KEY = "control/tokenizer.json"
+DONE_KEY = "control/done.json"
+
+
+def _put(store, key: str, body: dict) -> None:
+    store.kv.write(key, seal(body))
+
+
+def _get(store, key: str) -> dict | None:
+    raw, _ = store.kv.read(key)
+    return None if raw is None else unseal(raw, url=store.url, key=key)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def main_tokenizer(store, workdir: str, config) -> dict:
+    """The sub job's start: waits for the main job's tokenizer; unless a path is configured, saves it where
+    `system.build_tokenizer` looks."""
+    timeout_s = float(config.decoupled.timeout_s)
+    published = poll_until(lambda: _get(store, TOKENIZER_KEY), timeout_s, store.poll)
+    if published is None:
+        raise StoreTimeout(f"timed out after {timeout_s:g}s waiting for the main job's tokenizer: missing "
+                           f"{store.url}{TOKENIZER_KEY} (is the --role=main job running on this store?)",
+                           url=store.url, missing=(TOKENIZER_KEY,))
+    path = files.as_path(workdir) / "tokenizer.model"
+    if not config.tokenizer.path and not path.exists():
+        files.write_atomic(path, base64.b64decode(published["model"]))
+    return published
+
+
+def check_tokenizer(tokenizer, published: dict, config, workdir: str) -> None:
+    if _sha(tokenizer.serialize()) != published["model_sha256"]:
+        raise ValueError(f"the sub job's tokenizer ({config.tokenizer.path or workdir}) differs from the main "
+                         f"job's ({config.store}{TOKENIZER_KEY}): the two agents would not share token ids")
+
+
+class MainExchange(Exchange):
+    """The main job's side: delegations become task records, the step's judge arrays and targets a committed
+    step record. `policy_version()`: the main agent's, which each task carries."""
+
+    def __init__(self, store, config, tokenizer, workdir: str, *, resuming: bool, policy_version):
+        self.store, self.policy_version, self.step, cfg = store, policy_version, 0, config.decoupled
+        self.timeout_s, self.max_lag, self.keep_steps = float(cfg.timeout_s), int(cfg.max_lag), int(cfg.keep_steps)
+        if not resuming and (store.steps() or store.kv.list_prefix("fifo/")):
+            # Tasks are posted create-if-absent: another run's answers would be taken for this run's.
+            raise ValueError(f"the store {store.url} holds another run's steps {store.steps()[:5]} but "
+                             f"{workdir} has no checkpoint to resume: use a fresh store URL or empty it")
+        store.kv.delete(DONE_KEY)  # a previous run's end marker must not stop this run's sub job
+        proto = tokenizer.serialize()
+        _put(store, TOKENIZER_KEY, {"model": base64.b64encode(proto).decode(), "model_sha256": _sha(proto)})
+
+    def delegate(self, spawned: list[Episode], questions) -> list[Episode]:
+        """The engine's sub executor: post this iteration's delegations, wait for every answer."""
+        version = self.policy_version()
+        tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, version,
+                        {**e.call, "question_id": questions[e.question_index].id}) for e in spawned]
+        ids = self.store.tasks.post(tasks)
+        answers = self.store.tasks.wait_answers(self.step, ids, timeout_s=self.timeout_s)
+        for episode, rid in zip(spawned, ids, strict=True):
+            reply = answers[rid].payload
+            episode.answer = reply["answer"]
+            episode.end_reason = reply["end_reason"]
+            episode.turns = list(reply["turns"])
+            episode.tool_calls.update(reply["tool_calls"])
+        return spawned
+
+    def before_step(self, step):
+        self.step, start = step, time.perf_counter()
+        if step >= self.max_lag:
+            self.store.wait_step(step - self.max_lag, SUB, timeout_s=self.timeout_s)
+        return {"time/wait_sub_s": time.perf_counter() - start}
+
+    def publish(self, step, arrays, targets):
+        writer = self.store.step_writer(step, MAIN, self.policy_version())
+        writer.put_array("main_format_ok", np.asarray(arrays.format_ok))
+        writer.put_array("main_correct", np.asarray(arrays.correct))
+        writer.put_array("main_reward", np.asarray(targets.main_reward))
+        writer.put_array("sub_counts", np.asarray(arrays.counts))
+        writer.commit()
+
+    def end_step(self, step):
+        self.store.gc(keep_last=self.keep_steps)
+
+    def finish(self, steps):
+        _put(self.store, DONE_KEY, {"steps": steps})
+
+
+class SubExchange(Exchange):
+    """The sub job's side: serves the main job's delegations with its own sampler and tools, caching each
+    trajectory in its workdir, until the main job commits the step; then hands the cached step to the run loop."""
+
+    def __init__(self, store, config, workdir: str, env, engine):
+        self.store, self.config, self.env, self.engine = store, config, env, engine
+        self.timeout_s = float(config.decoupled.timeout_s)
+        self.worker = config.decoupled.worker
+        self.cache_dir = files.as_path(workdir) / "cache"  # in the bucket with a gs:// workdir
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.question_by_id = {q.id: q for _, split in env.questions.items() for q in split}
+
+    # -- the local trajectory cache ----------------------------------------------------------------------
+
+    def _cache_path(self, step: int):
+        return self.cache_dir / f"{step:010d}.jsonl"
+
+    def _load_cache(self, step: int) -> dict:
+        """{(query, rollout, invocation): (sub-episode, sampling version, question id)} served at `step`."""
+        cache = {}
+        for line in (files.read_text(self._cache_path(step)) or "").splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a crash: that task is served again
+                log.warning("skipping a partial line in %s", self._cache_path(step))
+                continue
+            cache[(entry["q"], entry["r"], entry["i"])] = (Episode.from_json(entry), entry["version"],
+                                                           entry["question_id"])
+        return cache
+
+    def _append_cache(self, step: int, served: list) -> None:
+        with files.AppendFile(self._cache_path(step), durable=True) as f:
+            for episode, version, question_id in served:
+                f.write(json.dumps({**episode.to_json(), "version": version, "question_id": question_id}) + "\n")
+
+    def after_save(self, checkpoint_steps):
+        # The newest checkpoint may still be in flight (a kill now resumes from the one before it).
+        before_step = ([0, 0] + list(checkpoint_steps))[-2]
+        for path in self.cache_dir.iterdir():
+            if path.name.endswith(".jsonl") and int(path.name.split(".")[0]) < before_step:
+                path.unlink()
+
+    # -- serving -----------------------------------------------------------------------------------------
+
+    def _serve(self, step: int, tasks: list[Record], cache: dict, version: int, timings: dict) -> int:
+        """Runs the claimed tasks' sub-agent episodes (those not already cached), caches them, answers all."""
+        engine = self.engine
+        fresh = [t for t in tasks if (t.query, t.rollout, t.invocation) not in cache]
+        episodes = [engine.start_sub(t.payload["task"], t.payload["context"], question_index=t.query,
+                                     rollout=t.rollout, invocation=t.invocation) for t in fresh]
+        engine.run_subs(episodes, derive_seed(self.config.seed, "serve", step, len(cache)), timings)
+        served = [(e, version, t.payload["question_id"]) for e, t in zip(episodes, fresh, strict=True)]
+        self._append_cache(step, served)  # before answering: an answered task always has its trajectory here
+        for entry in served:
+            cache[(entry[0].question_index, entry[0].rollout, entry[0].invocation)] = entry
+        answers = []
+        for t in tasks:
+            episode, sampled_by, _ = cache[(t.query, t.rollout, t.invocation)]
+            answers.append(Record("answer", step, t.query, t.rollout, t.invocation, sampled_by, {
+                "answer": episode.answer, "end_reason": episode.end_reason, "turns": episode.turns,
+                "tool_calls": dict(episode.tool_calls)}))
+        self.store.tasks.post_answers(answers)
+        return len(fresh)
+
+    def _next_event(self, step: int):
+        tasks = self.store.tasks.claim(step, self.worker)
+        if tasks:
+            return "tasks", tasks
+        if self.store.is_committed(step, MAIN):
+            return "commit", self.store.read_step(step, MAIN)
+        done = _get(self.store, DONE_KEY)
+        if done is not None and done["steps"] <= step:
+            return "done", None
+        return None
+
+    def hand_off(self, step, collected, version):
+        start = time.perf_counter()
+        timings = {"sampling_s": 0.0, "tools_s": 0.0}
+        cache = self._load_cache(step)
+        served = 0
+        while True:
+            event = poll_until(lambda: self._next_event(step), self.timeout_s, self.store.poll)
+            if event is None:
+                raise StoreTimeout(f"sub job: nothing from the main job for {self.timeout_s:g}s at step {step}: no "
+                                   f"pending task, no commit marker steps/{step:010d}/main/commit.json, no "
+                                   f"{DONE_KEY} in {self.store.url}", url=self.store.url,
+                                   missing=(f"steps/{step:010d}/main/commit.json",))
+            kind, value = event
+            if kind == "done":
+                return None
+            if kind == "commit":
+                view = value
+                break
+            served += self._serve(step, value, cache, version, timings)
+        counts = view.array("sub_counts")
+        rollout, keys = self._cached_rollout(step, counts, cache)
+        judge = reward_judge(self.config, self.env)
+        own = rollout_arrays(rollout, judge, (), self.engine.sub.tool_names, self.engine.grammar,
+                             calls=self.config.rollout.max_sub_calls)
+        correct = view.array("main_correct")
+        # The sub-agent's targets never read the main agent's format gate (a main job from before it was published
+        # leaves it out); it is carried for completeness.
+        has_format = "main_format_ok" in view.array_names
+        format_ok = view.array("main_format_ok") if has_format else np.ones(counts.shape, bool)
+        arrays = RolloutArrays(format_ok, correct, own.sub_format_ok, own.sub_expert, own.counts)
+        versions = {key: cache[key][1] for key in keys}
+        metrics = {"sub/served": served, "sub/main_correct": float(correct.mean()),
+                   "sub/main_version": view.policy_version, **{f"time/{k}": v for k, v in timings.items()},
+                   "time/serve_s": time.perf_counter() - start, **judge.metrics()}
+        metrics.update({k: v for k, v in rollout.stats().items() if k.startswith("sub/")})
+        if versions:
+            metrics["sub/staleness"] = float(np.mean([version - v for v in versions.values()]))
+        return SubStep(rollout, arrays, versions, metrics)
+
+    def _cached_rollout(self, step: int, counts: np.ndarray, cache: dict) -> tuple[RolloutBatch, list]:
+        """The step's sub-trajectories in the [Q][K][d_k] layout the main job's `sub_counts` describe."""
+        keys = [(q, k, i) for q in range(counts.shape[0]) for k in range(counts.shape[1]) for i in range(counts[q, k])]
+        missing = [key for key in keys if key not in cache]
+        if missing:
+            raise StoreError(f"sub job: {len(missing)} of the {len(keys)} sub-trajectories of step {step} are not in "
+                             f"the local cache ({self._cache_path(step)}), e.g. (query, rollout, invocation) "
+                             f"{missing[:4]}: answered by another worker, or the cache was lost",
+                             url=self.store.url, key=f"steps/{step:010d}/main/commit.json")
+        top = [[Episode(agent=MAIN, question_index=q, rollout=k) for k in range(counts.shape[1])]
+               for q in range(counts.shape[0])]
+        questions = [None] * counts.shape[0]
+        for q, k, i in keys:
+            episode, _, question_id = cache[(q, k, i)]
+            top[q][k].subs.append(episode)
+            questions[q] = self.question_by_id[question_id]
+        return RolloutBatch(questions, top), keys
+
+    def commit(self, step, version, served):
+        self.store.step_writer(step, SUB, version).commit({"served": served})

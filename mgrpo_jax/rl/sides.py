@@ -1,0 +1,232 @@
+"""The two sides of an M-GRPO step, each owning its learner, its batches and what its data was drawn with.
+
+    main = MainSide(learner, engine, ...)    the top-level agent (main, or the single agent): collects the
+                                             whole-system rollouts and their judge arrays; rows are its Q*K
+                                             episodes with their advantages
+    sub  = SubSide(learner)                  the sub-agent: the Q*K*D aligned rows (`mgrpo`), none (`frozen_sub`:
+                                             its learner is not trainable)
+         = UnsyncSubSide(learner, store, ...) the FIFO chunks popped this step (`mgrpo_unsync`,
+                                             mgrpo_jax/rl/unsync.py)
+         = NoSide()                          a side this job does not hold: the other job's in the decoupled
+                                             mode, or the sub-agent a single-agent run does not have
+
+`Trainer.rl_step` runs collect -> hand off -> the credit assignment (`mgrpo_targets`, or the one `config.credit`
+names) -> rows -> `update` over whichever sides a job holds; `build_sides` chooses them. In a shared-policy mode
+(`matpo`, `shared_mgrpo`) both sides hold the one model, and `update` trains it once on both sides' rows pooled into
+one batch. Each row's sampling settings come from its episode (`rollout.batches`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mgrpo_jax.config import agent_names, rl_batch_rows
+from mgrpo_jax.core import TargetsConfig, d_histogram
+from mgrpo_jax.env.build import reward_judge
+from mgrpo_jax.env.compact.world import TWINS
+from mgrpo_jax.env.prompts import MAIN, SUB
+from mgrpo_jax.rl import evaluation, unsync
+from mgrpo_jax.rl.exchange import MainStep, SubStep
+from mgrpo_jax.rollout import batches
+from mgrpo_jax.rollout.judging import rollout_arrays
+from mgrpo_jax.runtime.seeds import derive_seed
+
+
+def counterfactual_twin(config, step: int) -> int:
+    """The twin (1..TWINS) step `step`'s questions are posed in, or 0 (the world): a seeded draw per step with
+    probability `rollout.counterfactual_share`."""
+    share = float(config.rollout.counterfactual_share)
+    if not share:
+        return 0
+    rng = np.random.default_rng(derive_seed(config.seed, "twin", step))
+    return int(rng.integers(1, TWINS + 1)) if rng.random() < share else 0
+
+
+class NoSide:
+    """A side this job does not hold: it collects nothing, has no rows and no updates."""
+
+    version = 0  # the policy version of a side that is not here: never read by its exchange
+
+    def collect(self, step: int, questions) -> None:
+        return None
+
+    def rows(self, data, targets, stats: dict, step: int) -> tuple[dict, None]:
+        return {}, None
+
+    def update(self, rows) -> dict:
+        return {}
+
+    def throughput(self, collected, seconds: float) -> dict:
+        return {}
+
+    def host_state(self) -> dict:
+        return {}
+
+    def load_host_state(self, host: dict) -> None:
+        pass
+
+
+class MainSide(NoSide):
+    """The top-level agent's side. `transcripts`: how many rollouts a step writes to `transcripts.jsonl` in
+    `workdir` (0: none, e.g. on every process but the first)."""
+
+    def __init__(self, learner, engine, env, config, workdir: str, transcripts: int):
+        self.learner, self.engine, self.env, self.config = learner, engine, env, config
+        self.role = agent_names(config.mode)[0]  # its figures' prefix (the learner may serve both roles)
+        self.transcripts_path, self.transcripts = evaluation.transcripts_path(workdir), transcripts
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def collect(self, step: int, questions) -> MainStep:
+        """Q*K whole-system rollouts of `questions` and their judge arrays, with the rollout's `time/*`; posed in a
+        counterfactual twin of the compact world on a `rollout.counterfactual_share` of the steps."""
+        twin = counterfactual_twin(self.config, step)
+        if not twin:
+            return self._collect(step, questions)
+        with self.env.posed_in_twin(twin, questions) as posed:
+            collected = self._collect(step, posed)
+        collected.metrics["counterfactual/twin"] = twin
+        return collected
+
+    def _collect(self, step: int, questions) -> MainStep:
+        cfg, engine = self.config, self.engine
+        rollout = engine.run(questions, cfg.rollout.samples, seed=derive_seed(cfg.seed, "rollout", step))
+        start = time.perf_counter()
+        evaluation.log_transcripts(self.transcripts_path, rollout, step, self.transcripts)
+        judge = reward_judge(cfg, self.env)
+        arrays = rollout_arrays(rollout, judge, engine.top.tool_names, engine.sub.tool_names if engine.sub else None,
+                                engine.grammar, calls=cfg.rollout.max_sub_calls)
+        metrics = {**rollout.stats(), **judge.metrics(), **{f"time/{k}": v for k, v in rollout.timings.items()},
+                   "time/judge_s": time.perf_counter() - start}
+        return MainStep(rollout, arrays, metrics)
+
+    def rows(self, collected: MainStep, targets, stats: dict, step: int) -> tuple[dict, dict]:
+        """The agent's Q*K rows with their advantages, and its reward figures."""
+        learner = self.learner
+        metrics = {f"{self.role}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok",
+                                                                       "zero_std_groups")}
+        top = collected.rollout.top
+        length = batches.bucket_length([len(e.tokens) for row in top for e in row], learner.config.context_tokens)
+        return metrics, batches.top_batch(top, targets.main_advantages, length, learner.tokenizer.pad_id)
+
+    def update(self, rows: dict) -> dict:
+        return self.learner.train(rows)
+
+    def throughput(self, collected: MainStep, seconds: float) -> dict:
+        episodes = list(collected.rollout.episodes())
+        return {"throughput/episodes_per_s": len(episodes) / seconds,
+                "throughput/generated_tokens_per_s": sum(e.generated_tokens for e in episodes) / seconds}
+
+
+class SubSide(NoSide):
+    """The sub-agent's side in the synchronised modes: the Q*K*D aligned rows of `mgrpo_targets`; a learner
+    that is not trainable (`frozen_sub`) gets the figures only."""
+
+    def __init__(self, learner):
+        self.learner = learner
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def figures(self, data: SubStep, targets, stats: dict) -> dict:
+        """The delegation histogram (up to twice D) and the sub-agent's reward figures."""
+        counts = np.asarray(data.arrays.counts)
+        hist = d_histogram(counts, max_bin=max(2 * targets.sub_index.shape[-1], 1))
+        out = {f"d_k/hist/{i}": int(c) for i, c in enumerate(hist)}
+        out["sub/reward"] = stats["sub_reward"]
+        if counts.max() > 0:
+            out.update({"sub/expert": stats["sub_expert"], "sub/format_ok": stats["sub_format_ok"]})
+        return out
+
+    def rows(self, data: SubStep, targets, stats: dict, step: int) -> tuple[dict, list[dict]]:
+        out = self.figures(data, targets, stats)
+        if np.asarray(data.arrays.counts).max() == 0:
+            return out, []
+        out["sub/zero_std_groups"] = stats["sub_zero_std_groups"]
+        if not self.learner.trainable:
+            return out, []
+        learner = self.learner
+        length = batches.bucket_length([len(s.tokens) for s in data.rollout.episodes(SUB)],
+                                       learner.config.context_tokens)
+        return out, [batches.sub_batch(data.rollout.top, targets.sub_index, targets.sub_weight,
+                                       targets.sub_advantages, length, learner.tokenizer.pad_id)]
+
+    def update(self, rows: list[dict]) -> dict:
+        return self.learner.train(rows)
+
+
+class UnsyncSubSide(SubSide):
+    """The unsynchronised ablation's sub side (`mgrpo_unsync`): every real call of the step into the store's FIFO,
+    then every full chunk waiting, oldest first (mgrpo_jax/rl/unsync.py)."""
+
+    def __init__(self, learner, store, config):
+        super().__init__(learner)
+        self.config, self.advantages = config, TargetsConfig.from_config(config).advantages
+        self.fifo = store.fifo("sub_trajectories")
+        self.consumer = self.fifo.consumer("sub_trainer")
+
+    def rows(self, data: SubStep, targets, stats: dict, step: int) -> tuple[dict, list[dict]]:
+        cfg, learner = self.config, self.learner
+        records = unsync.step_records(data.rollout, targets.sub_call_reward, step, data.versions)
+        # Pops the chunks waiting even when this step delegated nothing.
+        chunks, metrics = unsync.unsync_step(
+            self.fifo, self.consumer, records, chunk=cfg.rollout.unsync_chunk, group=cfg.rollout.samples,
+            seed=derive_seed(cfg.seed, "unsync", step), start_version=learner.version,
+            passes=learner.config.passes, seq_len_limit=learner.config.context_tokens,
+            pad_id=learner.tokenizer.pad_id, advantages=self.advantages,
+            timeout_s=float(cfg.decoupled.timeout_s), pop=cfg.rollout.unsync_pop,
+            rows=rl_batch_rows(cfg, SUB))
+        return {**self.figures(data, targets, stats), **metrics}, chunks
+
+    def host_state(self) -> dict:
+        return {"fifo_offset": self.consumer.offset}
+
+    def load_host_state(self, host: dict) -> None:
+        self.consumer.seek(int(host.get("fifo_offset", 0)))
+
+
+def build_sides(config, learners: dict, engine, env, store, workdir: str, is_main_process: bool) -> tuple:
+    """(main side, sub side) of a job holding `learners`; a side whose agent is not here is a `NoSide`."""
+    top_name = agent_names(config.mode)[0]
+    main = NoSide()
+    if top_name in learners:
+        main = MainSide(learners[top_name], engine, env, config, workdir,
+                        config.train.log_transcripts if is_main_process else 0)
+    sub = NoSide()
+    if SUB in learners:
+        sub = UnsyncSubSide(learners[SUB], store, config) if config.mode == "mgrpo_unsync" else SubSide(learners[SUB])
+    return main, sub
+
+
+def update(main, main_rows, sub, sub_rows, config) -> dict:
+    """Both sides' policy updates: each its own learner's, or, where the two sides hold one model (a shared-policy
+    mode), one update of it on their rows pooled into one batch of `rl_batch_rows(config, "main")` rows (main rows,
+    then sub rows, then weight-0 padding rows; every row as long as the longest), so MATPO's loss takes one token
+    mean over both roles' tokens."""
+    shared = getattr(main, "learner", None)
+    if shared is None or getattr(sub, "learner", None) is not shared:
+        return {**main.update(main_rows), **sub.update(sub_rows)}
+    pooled = batches.concat_rows([main_rows, *sub_rows], shared.tokenizer.pad_id)
+    return shared.train(batches.pad_rows(pooled, rl_batch_rows(config, MAIN), shared.tokenizer.pad_id))
+
+
+def step_timings(metrics: dict, t0: float, t1: float, t2: float, t3: float) -> dict:
+    """Adds the step's `time/*` to `metrics` (t0 start, t1 data in, t2 rows built, t3 trained): the judges'
+    `time/judge_s` counts in `time/rewards_s`, and `time/other_s` is what the named phases leave of the step."""
+    metrics.update({"time/rewards_s": t2 - t1 + metrics.pop("time/judge_s", 0.0), "time/training_s": t3 - t2,
+                    "time/step_s": t3 - t0})
+    if "time/sampling_s" in metrics:
+        metrics["time/other_s"] = t3 - t0 - sum(metrics[f"time/{k}"] for k in ("sampling_s", "tools_s", "rewards_s",
+                                                                               "training_s"))
+    return metrics
+
+
+def shown(metrics: dict, top_name: str) -> dict:
+    """The figures of a step's bar and log line: rewards, correctness, the sub job's serving figures, seconds."""
+    keys = (f"{top_name}/reward", f"{top_name}/correct", "sub/reward", "sub/served", "sub/staleness", "time/step_s")
+    return {k: metrics[k] for k in keys if k in metrics}
