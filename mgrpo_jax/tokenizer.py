@@ -46,31 +46,23 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
-# The environment package owns the protocol grammar. The literal fallback (same strings, same order, so
-# the special-token ids do not depend on which one is used) keeps this module importable on its own.
-try:
-    from mgrpo_jax.env.protocol import PROTOCOL_TAGS as _ENV_PROTOCOL_TAGS  # type: ignore
-except Exception:  # pragma: no cover - depends on whether mgrpo_jax.env.protocol exists yet
-    _ENV_PROTOCOL_TAGS = None
-
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 TURN_START = "<|im_start|>"
 TURN_END = "<|im_end|>"
 ROLE_TOKENS: dict[str, str] = {role: f"<|{role}|>" for role in ROLES}
-PROTOCOL_TAGS: tuple[str, ...] = tuple(
-    _ENV_PROTOCOL_TAGS
-    if _ENV_PROTOCOL_TAGS is not None
-    else (
-        "<think>",
-        "</think>",
-        "<tool_call>",
-        "</tool_call>",
-        "<answer>",
-        "</answer>",
-        "<tool_response>",
-        "</tool_response>",
-    )
+# The protocol grammar's tags, as `mgrpo_jax.env.protocol.PROTOCOL_TAGS` lists them (same strings, same order, so
+# the special-token ids are the same): the tokenizer sits below the environment and does not import it
+# (tests/tokenizer checks the two agree).
+PROTOCOL_TAGS: tuple[str, ...] = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<answer>",
+    "</answer>",
+    "<tool_response>",
+    "</tool_response>",
 )
 SPECIAL_TOKENS: tuple[str, ...] = (TURN_START, TURN_END, *ROLE_TOKENS.values(), *PROTOCOL_TAGS)
 
@@ -179,9 +171,6 @@ class ChatTokenizer:
     @property
     def has_protocol_tokens(self) -> bool:
         return all(self.piece_id(s) is not None for s in SPECIAL_TOKENS)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
 
     # ------------------------------------------------------------------ chat template
     def _require_chat(self) -> ChatFormat:

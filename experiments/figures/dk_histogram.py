@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.figures import runs
+from experiments.figures import runs, stats
 
 FIGURE = "dk_histogram"
 
 
 def dk_rows(name: str) -> list[dict]:
     """A run's RL steps that logged a d_k histogram (not the evaluation-only row of step 0)."""
-    return [row for row in runs.rl_rows(name) if "d_k/hist/0" in row]
+    return [row for row in runs.rl_rows(name) if f"{runs.DK_HIST}0" in row]
 
 
 def histogram(names, steps: slice | None = None, read=None) -> np.ndarray:
@@ -25,21 +25,7 @@ def histogram(names, steps: slice | None = None, read=None) -> np.ndarray:
 
     `read(name)` gives a run's rows that logged the histogram (default: `dk_rows`, from the committed logs).
     """
-    total = None
-    for name in names:
-        for row in (read or dk_rows)(name)[steps or slice(None)]:
-            bins = sorted(int(k.rsplit("/", 1)[1]) for k in row if k.startswith("d_k/hist/"))
-            counts = np.asarray([row[f"d_k/hist/{i}"] for i in bins], np.int64)
-            total = counts if total is None else total + counts
-    if total is None:
-        raise ValueError(f"runs {list(names)} logged no d_k histogram")
-    return total
-
-
-def percentile(counts: np.ndarray, q: float) -> int:
-    """The smallest d with at least a fraction q of rollouts at or below it."""
-    cdf = np.cumsum(counts) / max(counts.sum(), 1)
-    return int(np.searchsorted(cdf, q - 1e-12))
+    return stats.summed_counts({name: (read or dk_rows)(name)[steps or slice(None)] for name in names}, runs.DK_HIST)
 
 
 def main(argv=None) -> dict:
@@ -50,7 +36,7 @@ def main(argv=None) -> dict:
     half = len(dk_rows(names[0])) // 2
     parts = {"first half": histogram(names, slice(0, half)), "second half": histogram(names, slice(half, None))}
     everything = parts["first half"] + parts["second half"]
-    p99 = percentile(everything, 0.99)
+    p99 = stats.count_percentile(everything, 0.99)
     fig, (ax,) = runs.new_figure(1)
     d = np.arange(len(everything))
     width = 0.4

@@ -92,7 +92,6 @@ def system_signal(trainer: Trainer, steps: int = 2) -> dict:
     try:
         for _ in range(steps):
             trainer.rl_step()
-            trainer.step += 1
     finally:
         for agent in trainer.agents.values():
             del agent.train

@@ -79,6 +79,7 @@ SHARED2X_OVERRIDES = (("main.model_overrides.d_model", 96), ("main.model_overrid
 # success bound of 1 keeps every question, so the curriculum filter's rollouts are skipped.
 EVAL_ONLY = (("train.steps", 0), ("train.eval_at_start", True), ("env.stage2_max_success", 1.0))
 DMAX_FILE = "dmax.json"
+DK_HIST = "d_k/hist/"  # a metrics row's d_k histogram: d_k/hist/<d> = rollouts with d sub-calls
 PARAMS_SUFFIX = ".params.json"
 DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
@@ -213,10 +214,8 @@ def descendants(name: str) -> int:
 
 def dmax_from_counts(counts) -> dict:
     """D below and above the 99th percentile of d_k: low = max(1, p99 - 1), high = p99 + 2."""
-    from experiments.figures import dk_histogram
-
     counts = np.asarray(counts, np.int64)
-    p99 = dk_histogram.percentile(counts, 0.99)
+    p99 = stats.count_percentile(counts, 0.99)
     return {"p99": p99, "p99_open_ended": bool(p99 == len(counts) - 1), "low": max(1, p99 - 1), "high": p99 + 2,
             "counts": counts.tolist()}
 
@@ -232,16 +231,13 @@ def dmax_choice(root: str) -> dict:
         with open(path) as f:
             choice = json.load(f)
     else:
-        from experiments.figures import dk_histogram
-
         names = [f"stage2_mgrpo_s{s}" for s in SEEDS]
         missing = [n for n in names if not is_done(root, n)]
         if missing:
             raise RuntimeError(f"D for the d_max ablation comes from runs {missing}, which are not finished")
-        rows = {n: [r for r in read_jsonl(os.path.join(workdir(root, n), "metrics.jsonl")) if "d_k/hist/0" in r]
+        rows = {n: [r for r in read_jsonl(os.path.join(workdir(root, n), "metrics.jsonl")) if f"{DK_HIST}0" in r]
                 for n in names}
-        choice = {**dmax_from_counts(dk_histogram.histogram(names, read=rows.__getitem__)), "from_runs": names,
-                  "source": "data"}
+        choice = {**dmax_from_counts(stats.summed_counts(rows, DK_HIST)), "from_runs": names, "source": "data"}
     for arm, value in DMAX_FLAGS.items():
         if value is None or value == choice[arm]:
             continue

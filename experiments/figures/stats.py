@@ -143,3 +143,27 @@ def first_window(steps, values, fraction: float = WINDOW_FRACTION) -> tuple[np.n
     steps, values = np.asarray(steps), np.asarray(values, np.float64)
     n = window_size(len(steps), fraction)
     return values[:, :n].mean(axis=1), {"window": n, "window_steps": [int(steps[0]), int(steps[n - 1])]}
+
+
+# -- logged histograms of counts (the d_k histogram, and D for the d_max ablation from it) -------------------------
+
+
+def summed_counts(rows_by_run, prefix: str) -> np.ndarray:
+    """The summed histogram that runs' metric rows logged as `<prefix><bin>` keys (entry i: bin i), over every row
+    of every run in `rows_by_run` ({run name: its rows}, each row with the histogram)."""
+    total = None
+    for rows in rows_by_run.values():
+        for row in rows:
+            bins = sorted(int(k[len(prefix):]) for k in row if k.startswith(prefix))
+            counts = np.asarray([row[f"{prefix}{i}"] for i in bins], np.int64)
+            total = counts if total is None else total + counts
+    if total is None:
+        raise ValueError(f"runs {list(rows_by_run)} logged no {prefix}* histogram")
+    return total
+
+
+def count_percentile(counts, q: float) -> int:
+    """The smallest bin d with at least a fraction q of the counts at or below it."""
+    counts = np.asarray(counts)
+    cdf = np.cumsum(counts) / max(counts.sum(), 1)
+    return int(np.searchsorted(cdf, q - 1e-12))

@@ -58,9 +58,10 @@ runs compiled nothing), then one timed run each:
   turn sampling a log-uniform 16 to ``--long-max-turn`` (512, the ``max_turn_tokens``) tokens, each tool response
   a log-uniform 100-1,000 tokens (``--long-response-min/max``: a page or a list of results), in a context budget
   of ``--long-context`` (8,192) tokens: contexts of 4k-8k tokens. Turn and response lengths are drawn from the
-  episode and the turn (``LongScript``), and forced through per-row budgets: the tokenizer's end-of-turn id lies
-  outside the model's vocabulary, so no turn stops early and both engines run the same token counts. The slot
-  engine has ``--long-slots`` (6) slots and decodes ``--long-chunk`` (16) steps per round.
+  episode and the turn (``LongScript``, which ``ScriptedTurns`` adds to both engines), and forced through per-row
+  budgets: the tokenizer's end-of-turn id lies outside the model's vocabulary, so no turn stops early and both
+  engines run the same token counts. The slot engine has ``--long-slots`` (6) slots and decodes ``--long-chunk``
+  (16) steps per round.
 * then (unless ``--skip-local``; alone with ``--workload=local``) one RL step's rollouts of the compact ``local``
   preset (``--local-preset``), both agents, warm-started ``--local-warmstart-steps`` (default the preset's
   ``warmstart.min_steps``), the slot engine with the config's slot counts (one per rollout); keys ``local_*``.
@@ -94,6 +95,8 @@ import time
 import types
 import uuid
 import zlib
+from collections.abc import Mapping
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +115,7 @@ from mgrpo_jax.rl.trainer import Trainer
 from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.rollout.lockstep import LockstepRolloutEngine
 from mgrpo_jax.sampling import NO_STOP, Sampler
+from mgrpo_jax.sampling import sampler as sampler_module
 from mgrpo_jax.sampling import slots as slots_module
 
 log = logging.getLogger(__name__)
@@ -179,20 +183,12 @@ class ComputeTimer:
             self.by_kind[kind] = self.by_kind.get(kind, 0.0) + seconds
 
 
-def instrument_sampler(sampler: Sampler, timer: ComputeTimer, kind: str) -> None:
-    """Wrap ``sampler.generate`` (which ``sample`` calls) with a blocking timer (instance attribute)."""
-    from mgrpo_jax.sampling import sampler as sampler_module
-
-    original = sampler.generate
-
-    def generate(*args, **kwargs):
-        before = _cache_size(sampler_module._generate_jit)
-        start = time.perf_counter()
-        out = jax.block_until_ready(original(*args, **kwargs))
-        timer.add(kind, time.perf_counter() - start, _cache_size(sampler_module._generate_jit) > before)
-        return out
-
-    sampler.generate = generate
+def instrument_sampler(sampler: Sampler, timer: ComputeTimer, kind: str = "sampler") -> None:
+    """Time the sampler's compiled calls through its ``observer`` hook: ``generate`` (which ``sample`` calls) waits
+    for its outputs; the decode slots' ``launch`` (which dispatches a round's prefills and chunk) and ``collect``
+    (which waits for it) are host calls one after the other, so their times add up without overlap. A call that
+    compiled a program counts as compile time."""
+    sampler.observer = lambda seconds, compiled: timer.add(kind, seconds, compiled)
 
 
 class TimedStep:
@@ -212,34 +208,12 @@ class TimedStep:
         return out
 
 
-def instrument_slots(timer: ComputeTimer, kind: str = "sampler") -> None:
-    """Time the rollout engine's decode-slot calls (``DecodeSlots.launch`` dispatches a round's prefills and chunk,
-    ``collect`` waits for it): both are host calls one after the other, so their times add up without overlap.
-    A call that compiled a slot program counts as compile time. Patches the class, once per process."""
-    cls = slots_module.DecodeSlots
-    if getattr(cls, "_bench_timer", None) is not None:
-        cls._bench_timer = timer
-        return
-    cls._bench_timer = timer
-    for name in ("launch", "collect"):
-        original = getattr(cls, name)
-
-        def timed(self, *args, original=original, **kwargs):
-            before, start = slots_module.compiled_programs(), time.perf_counter()
-            out = original(self, *args, **kwargs)
-            cls._bench_timer.add(kind, time.perf_counter() - start, slots_module.compiled_programs() > before)
-            return out
-
-        setattr(cls, name, timed)
-
-
 def instrument_trainer(trainer: Trainer, timer: ComputeTimer) -> None:
     """Time every agent's sampler calls (lock-step calls and decode slots) and policy train steps from outside the
-    trainer."""
-    for agent in trainer.agents.values():
+    trainer (each learner once: in a shared-policy mode both roles have the same one)."""
+    for agent in {id(agent): agent for agent in trainer.agents.values()}.values():
         instrument_sampler(agent.sampler, timer, "sampler")
         agent.policy_step = TimedStep(agent.policy_step, timer, "train_step")
-    instrument_slots(timer)
 
 
 # ---------------------------------------------------------------------------------------- RL steps
@@ -269,11 +243,9 @@ def prepare_config(benchmark: str, preset: str, warmstart: int | None, rl_steps:
 
 def jit_cache_sizes(trainer: Trainer) -> tuple[int, ...]:
     """Sizes of the jit caches an RL step can grow: the sampler's, every policy step's and the targets'."""
-    from mgrpo_jax.sampling import sampler as sampler_module
-
     steps = [agent.policy_step for agent in trainer.agents.values()]
-    return (_cache_size(sampler_module._generate_jit), slots_module.compiled_programs(), _cache_size(mgrpo_targets),
-            *(getattr(step, "trace_count", 0) for step in steps))
+    return (sampler_module.compiled_programs(), slots_module.compiled_programs(), _cache_size(mgrpo_targets),
+            *(step.trace_count for step in steps))
 
 
 def warm_up(trainer: Trainer, timer: ComputeTimer, least: int, most: int, quiet: int = 2,
@@ -524,13 +496,53 @@ class LongScript:
         turn = len(episode.turns)
         if turn > self.plan(episode):
             return FinalAnswer("done")
-        episode.tool_session["chars"] = _log_uniform(_draw("page", episode.question_index, episode.rollout, turn),
-                                                     *self.response)
-        return ToolCall("read", {})
+        chars = _log_uniform(_draw("page", episode.question_index, episode.rollout, turn), *self.response)
+        return ToolCall("read", {"chars": chars})
 
 
 def _page(arguments, session) -> str:
-    return "p" * session["chars"]
+    """The long workload's one tool: a page of the length its (scripted) call asks for."""
+    return "p" * arguments["chars"]
+
+
+class TurnScript(Protocol):
+    """What a scripted agent does (``ScriptedTurns``); ``episode.turns`` holds the turns before (``budget``) or up to
+    and including (``parse``) the turn in question."""
+
+    def budget(self, episode) -> int:
+        """The length of the episode's next turn: the turn is whole when it has sampled that many tokens."""
+
+    def parse(self, episode, text: str):
+        """What the whole turn does: a ``ToolCall``, a ``FinalAnswer`` or a ``FormatError``."""
+
+
+class ScriptedTurns:
+    """A rollout engine whose agents follow scripts (benchmark workloads, tests), mixed into an engine class
+    (``ScriptedRolloutEngine``, ``ScriptedLockstepEngine``): for an agent with a script in ``scripts`` (by agent name),
+    ``script.budget(episode)`` fixes the length of its next turn (``EngineCore.turn_length``: a turn that reaches it is
+    whole) and ``script.parse(episode, text)`` reads the turn instead of the grammar (``EngineCore.parse_turn``).
+    Agents without a script run as in the plain engine. The tokens are still the sampler's: a script decides only
+    how long each turn is and what it does."""
+
+    def __init__(self, *args, scripts: Mapping[str, TurnScript], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scripts = dict(scripts)
+
+    def turn_length(self, agent, episode) -> int | None:
+        script = self.scripts.get(agent.name)
+        return super().turn_length(agent, episode) if script is None else int(script.budget(episode))
+
+    def parse_turn(self, agent, episode, text):
+        script = self.scripts.get(agent.name)
+        return super().parse_turn(agent, episode, text) if script is None else script.parse(episode, text)
+
+
+class ScriptedRolloutEngine(ScriptedTurns, RolloutEngine):
+    """The decode-slot engine with scripted agents (``ScriptedTurns``)."""
+
+
+class ScriptedLockstepEngine(ScriptedTurns, LockstepRolloutEngine):
+    """The lock-step engine with scripted agents (``ScriptedTurns``)."""
 
 
 def _random_sampler(args) -> Sampler:
@@ -556,9 +568,7 @@ class CountingSampler:
 
 def compiled_programs() -> int:
     """Programs the samplers of both engines have compiled in this process."""
-    from mgrpo_jax.sampling import sampler as sampler_module
-
-    return _cache_size(sampler_module._generate_jit) + slots_module.compiled_programs()
+    return sampler_module.compiled_programs() + slots_module.compiled_programs()
 
 
 def timed_runs(run, label: str, reset=None, least: int = 1, most: int = 4) -> tuple[float, object, dict]:
@@ -643,11 +653,11 @@ def bench_long(args) -> dict:
     def runtime(s, slots):
         return AgentRuntime("single", s, "system", {"read": _page}, max_turns=4 * args.long_turns_max,
                             context_tokens=args.long_context, tokenizer=tokenizer, slots=slots,
-                            decode_chunk=args.long_chunk, script=script)
+                            decode_chunk=args.long_chunk)
 
-    counter = CountingSampler(sampler)
-    engine = RolloutEngine(tokenizer, runtime(sampler, args.long_slots), None, limits)
-    oracle = LockstepRolloutEngine(tokenizer, runtime(counter, 0), None, limits)
+    counter, scripts = CountingSampler(sampler), {"single": script}
+    engine = ScriptedRolloutEngine(tokenizer, runtime(sampler, args.long_slots), None, limits, scripts=scripts)
+    oracle = ScriptedLockstepEngine(tokenizer, runtime(counter, 0), None, limits, scripts=scripts)
     questions = [types.SimpleNamespace(text=f"question {i}") for i in range(args.long_episodes)]
     out = compare_engines(engine, oracle, lambda e: e.run(questions, 1, seed=0), [counter])
     out["long_shape"] = {"episodes": args.long_episodes, "slots": args.long_slots, "chunk": args.long_chunk,

@@ -444,7 +444,6 @@ def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
         times = []
         for _ in range(rl_steps):
             metrics = trainer.rl_step()
-            trainer.step += 1
             times.append(float(metrics["time/step_s"]))
             print(f"{preset} rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
     source = (f"median time/step_s of {rl_steps} RL steps of a {preset} run warm-started {warm} steps per agent, "

@@ -233,7 +233,3 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
         return v.replace(NamedSharding(mesh, spec))
 
     return jax.tree.map(f, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
-def state_partition_specs(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.State:
-    return jax.tree.map(lambda s: s.spec, state_shardings(state, mesh, rules))

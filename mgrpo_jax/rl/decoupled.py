@@ -13,7 +13,7 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
   main  runs the controller and M. Each engine iteration's delegations are posted as task records
         (step s, query, rollout, invocation, M's policy version; payload: task, context, question id) and the
         main waits for their answers before its next turn (`MainExchange.delegate`, the engine's `sub_executor`).
-  sub   claims the pending tasks of step s, runs them with its own sampler and tools in lock-step batches,
+  sub   claims the pending tasks of step s, runs them with its own sampler and tools on the decode-slot engine,
         appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the bucket with a gs://
         workdir), then answers.
   main  judges its rollouts, computes the step's targets and commits `main_format_ok`, `main_correct`,
@@ -48,6 +48,7 @@ from mgrpo_jax.core import RolloutArrays
 from mgrpo_jax.env.build import reward_judge
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.rl.exchange import Exchange, SubStep
+from mgrpo_jax.rl.system import System, build_system
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
 from mgrpo_jax.rollout.judging import rollout_arrays
 from mgrpo_jax.runtime import files
@@ -97,24 +98,26 @@ def check_tokenizer(tokenizer, published: dict, config, workdir: str) -> None:
 
 
 class MainExchange(Exchange):
-    """The main job's side: delegations become task records, the step's judge arrays and targets a committed
-    step record. `policy_version()`: the main agent's, which each task carries."""
+    """The main job's transport: delegations become task records, the step's judge arrays and targets a committed
+    step record. Each task and record carries the main agent's policy version at the step's start."""
 
-    def __init__(self, store, config, tokenizer, workdir: str, *, resuming: bool, policy_version):
-        self.store, self.policy_version, self.step, cfg = store, policy_version, 0, config.decoupled
+    def __init__(self, store, config, workdir: str, *, resuming: bool):
+        self.store, self.version, self.step, cfg = store, 0, 0, config.decoupled
         self.timeout_s, self.max_lag, self.keep_steps = float(cfg.timeout_s), int(cfg.max_lag), int(cfg.keep_steps)
         if not resuming and (store.steps() or store.kv.list_prefix("fifo/")):
             # Tasks are posted create-if-absent: another run's answers would be taken for this run's.
             raise ValueError(f"the store {store.url} holds another run's steps {store.steps()[:5]} but "
                              f"{workdir} has no checkpoint to resume: use a fresh store URL or empty it")
         store.kv.delete(DONE_KEY)  # a previous run's end marker must not stop this run's sub job
-        proto = tokenizer.serialize()
+
+    def publish_tokenizer(self, tokenizer) -> None:
+        """For the sub job, which waits for it (`main_tokenizer`) so that both agents share token ids."""
+        store, proto = self.store, tokenizer.serialize()
         _put(store, TOKENIZER_KEY, {"model": base64.b64encode(proto).decode(), "model_sha256": _sha(proto)})
 
     def delegate(self, spawned: list[Episode], questions) -> list[Episode]:
         """The engine's sub executor: post this iteration's delegations, wait for every answer."""
-        version = self.policy_version()
-        tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, version,
+        tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, self.version,
                         {**e.call, "question_id": questions[e.question_index].id}) for e in spawned]
         ids = self.store.tasks.post(tasks)
         answers = self.store.tasks.wait_answers(self.step, ids, timeout_s=self.timeout_s)
@@ -126,14 +129,14 @@ class MainExchange(Exchange):
             episode.tool_calls.update(reply["tool_calls"])
         return spawned
 
-    def before_step(self, step):
-        self.step, start = step, time.perf_counter()
+    def before_step(self, step, version):
+        self.step, self.version, start = step, version, time.perf_counter()
         if step >= self.max_lag:
             self.store.wait_step(step - self.max_lag, SUB, timeout_s=self.timeout_s)
         return {"time/wait_sub_s": time.perf_counter() - start}
 
     def publish(self, step, arrays, targets):
-        writer = self.store.step_writer(step, MAIN, self.policy_version())
+        writer = self.store.step_writer(step, MAIN, self.version)
         writer.put_array("main_format_ok", np.asarray(arrays.format_ok))
         writer.put_array("main_correct", np.asarray(arrays.correct))
         writer.put_array("main_reward", np.asarray(targets.main_reward))
@@ -148,16 +151,68 @@ class MainExchange(Exchange):
 
 
 class SubExchange(Exchange):
-    """The sub job's side: serves the main job's delegations with its own sampler and tools, caching each
-    trajectory in its workdir, until the main job commits the step; then hands the cached step to the run loop."""
+    """The sub job's transport: claims the main job's tasks, posts the answers, reads the main job's step record and
+    end marker, commits the sub job's own record."""
 
-    def __init__(self, store, config, workdir: str, env, engine):
-        self.store, self.config, self.env, self.engine = store, config, env, engine
-        self.timeout_s = float(config.decoupled.timeout_s)
-        self.worker = config.decoupled.worker
+    def __init__(self, store, config):
+        self.store, self.timeout_s, self.worker = store, float(config.decoupled.timeout_s), config.decoupled.worker
+
+    def answer(self, answers: list[Record]) -> None:
+        self.store.tasks.post_answers(answers)
+
+    def _next_event(self, step: int):
+        tasks = self.store.tasks.claim(step, self.worker)
+        if tasks:
+            return "tasks", tasks
+        if self.store.is_committed(step, MAIN):
+            return "commit", self.store.read_step(step, MAIN)
+        done = _get(self.store, DONE_KEY)
+        if done is not None and done["steps"] <= step:
+            return "done", None
+        return None
+
+    def next_event(self, step: int) -> tuple[str, object]:
+        """What the main job did next at `step`: ("tasks", claimed task records), ("commit", its step record) or
+        ("done", None) when it finished without this step; a StoreTimeout after `decoupled.timeout_s` of nothing."""
+        event = poll_until(lambda: self._next_event(step), self.timeout_s, self.store.poll)
+        if event is None:
+            raise StoreTimeout(f"sub job: nothing from the main job for {self.timeout_s:g}s at step {step}: no "
+                               f"pending task, no commit marker steps/{step:010d}/main/commit.json, no "
+                               f"{DONE_KEY} in {self.store.url}", url=self.store.url,
+                               missing=(f"steps/{step:010d}/main/commit.json",))
+        return event
+
+    def commit(self, step, version, served):
+        self.store.step_writer(step, SUB, version).commit({"served": served})
+
+
+class ServingSubSide:
+    """The decoupled sub job's sub side: it collects a step by serving the main job's delegations with its own
+    sampler and tools, caching each trajectory in its workdir, until the main job commits the step; the step's data
+    is then the cached trajectories in the [Q][K][d_k] layout of the main job's rollouts. Rows, updates, state and
+    version are those of the side it serves for (`inner`: a `SubSide`, or an `UnsyncSubSide` in `mgrpo_unsync`)."""
+
+    def __init__(self, inner, exchange: SubExchange, config, workdir: str, env, engine):
+        self.inner, self.exchange, self.config, self.env, self.engine = inner, exchange, config, env, engine
         self.cache_dir = files.as_path(workdir) / "cache"  # in the bucket with a gs:// workdir
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.question_by_id = {q.id: q for _, split in env.questions.items() for q in split}
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def rows(self, data, targets, stats, step):
+        return self.inner.rows(data, targets, stats, step)
+
+    def update(self, rows) -> dict:
+        return self.inner.update(rows)
+
+    def state(self) -> dict:
+        return self.inner.state()
+
+    def load_state(self, host: dict) -> None:
+        self.inner.load_state(host)
 
     # -- the local trajectory cache ----------------------------------------------------------------------
 
@@ -208,33 +263,18 @@ class SubExchange(Exchange):
             answers.append(Record("answer", step, t.query, t.rollout, t.invocation, sampled_by, {
                 "answer": episode.answer, "end_reason": episode.end_reason, "turns": episode.turns,
                 "tool_calls": dict(episode.tool_calls)}))
-        self.store.tasks.post_answers(answers)
+        self.exchange.answer(answers)
         return len(fresh)
 
-    def _next_event(self, step: int):
-        tasks = self.store.tasks.claim(step, self.worker)
-        if tasks:
-            return "tasks", tasks
-        if self.store.is_committed(step, MAIN):
-            return "commit", self.store.read_step(step, MAIN)
-        done = _get(self.store, DONE_KEY)
-        if done is not None and done["steps"] <= step:
-            return "done", None
-        return None
-
-    def hand_off(self, step, collected, version):
+    def collect(self, step: int, collected=None) -> SubStep | None:
+        """Serves step `step`'s tasks until the main job commits it; None when the main job finished first."""
+        version = self.version  # the policy that serves this step's calls
         start = time.perf_counter()
         timings = {"sampling_s": 0.0, "tools_s": 0.0}
         cache = self._load_cache(step)
         served = 0
         while True:
-            event = poll_until(lambda: self._next_event(step), self.timeout_s, self.store.poll)
-            if event is None:
-                raise StoreTimeout(f"sub job: nothing from the main job for {self.timeout_s:g}s at step {step}: no "
-                                   f"pending task, no commit marker steps/{step:010d}/main/commit.json, no "
-                                   f"{DONE_KEY} in {self.store.url}", url=self.store.url,
-                                   missing=(f"steps/{step:010d}/main/commit.json",))
-            kind, value = event
+            kind, value = self.exchange.next_event(step)
             if kind == "done":
                 return None
             if kind == "commit":
@@ -269,7 +309,7 @@ class SubExchange(Exchange):
             raise StoreError(f"sub job: {len(missing)} of the {len(keys)} sub-trajectories of step {step} are not in "
                              f"the local cache ({self._cache_path(step)}), e.g. (query, rollout, invocation) "
                              f"{missing[:4]}: answered by another worker, or the cache was lost",
-                             url=self.store.url, key=f"steps/{step:010d}/main/commit.json")
+                             url=self.exchange.store.url, key=f"steps/{step:010d}/main/commit.json")
         top = [[Episode(agent=MAIN, question_index=q, rollout=k) for k in range(counts.shape[1])]
                for q in range(counts.shape[0])]
         questions = [None] * counts.shape[0]
@@ -279,5 +319,24 @@ class SubExchange(Exchange):
             questions[q] = self.question_by_id[question_id]
         return RolloutBatch(questions, top), keys
 
-    def commit(self, step, version, served):
-        self.store.step_writer(step, SUB, version).commit({"served": served})
+
+def job_system(config, job: str, workdir: str, store, *, resuming: bool) -> tuple[Exchange, System]:
+    """Job `job`'s transport and parts. The main job's engine sends its delegations through the store and its
+    tokenizer is published for the sub job; the sub job builds on the main job's tokenizer; a colocated job carries
+    nothing."""
+    if job == "main":
+        exchange = MainExchange(store, config, workdir, resuming=resuming)
+        system = build_system(config, job, workdir, sub_executor=exchange.delegate)
+        exchange.publish_tokenizer(system.tokenizer)
+        return exchange, system
+    if job == "sub":
+        published = main_tokenizer(store, workdir, config)
+        system = build_system(config, job, workdir)
+        check_tokenizer(system.tokenizer, published, config, workdir)
+        return SubExchange(store, config), system
+    return Exchange(), build_system(config, job, workdir)
+
+
+def serving(exchange: SubExchange, config, workdir: str, system: System):
+    """The sub job's wrapper of its sub side (`sides.build_sides(serving=...)`)."""
+    return lambda inner: ServingSubSide(inner, exchange, config, workdir, system.env, system.engine)

@@ -1,22 +1,22 @@
-"""What passes between the main side and the sub side of one RL step, and how.
+"""What passes between the main side and the sub side of one RL step, and the transport that carries it.
 
-The run loop (`Trainer.rl_step`, mgrpo_jax/rl/trainer.py) is the same for every mode and job; an exchange
-decides where the two sides live. Per step s:
+The run loop (`Trainer.rl_step`, mgrpo_jax/rl/trainer.py) is the same for every mode and job; the sides
+(mgrpo_jax/rl/sides.py) collect, the exchange only moves data. Per step s:
 
-    exchange.before_step(s)                        # the main job may wait here for the sub job to catch up
+    exchange.before_step(s, main version)          # the main job may wait here for the sub job to catch up
     main side collects a MainStep                  # rollouts (delegations: the local sub sampler, or
                                                    #   `exchange.delegate`) and the judges' arrays
-    exchange.hand_off(s, main_step, sub_version)   # -> SubStep: the step's data for the targets and the sub side
-    mgrpo_targets(sub_step.arrays)
+    sub side collects a SubStep                    # the main side's data by reference, or (decoupled sub job)
+                                                   #   the tasks it served, once the main job's record is in
+    credit targets of sub_step.arrays
     exchange.publish(s, arrays, targets)           # the main job's step record, for the sub job
     ... each side builds its rows and updates ...
     exchange.commit(s, sub_version, served); exchange.end_step(s)
-    after each checkpoint `after_save`; at the end `finish`.
+    at the end `finish`.
 
-The base exchange (`InProcessExchange`) hands the main side's rollout to the sub side by reference: both sides
-in this process, or the main job, whose targets read its own arrays. The store exchanges of the decoupled mode
-(`mgrpo_jax/rl/decoupled.py`) carry the data through the shared store. An exchange holds the store and the
-step counters it needs, never the trainer.
+The base exchange (`Exchange`) carries nothing: both sides are in this process. The store exchanges of the
+decoupled mode (`mgrpo_jax/rl/decoupled.py`) post tasks, wait for answers and publish and read step records in the
+shared store. An exchange holds the store and the step counters it needs, never the trainer.
 """
 
 from __future__ import annotations
@@ -47,17 +47,13 @@ class SubStep:
 
 
 class Exchange:
-    """The interface, with the defaults of an exchange inside one process."""
+    """The transport's interface, with the defaults of a job that holds both sides (nothing to carry)."""
 
     delegate = None  # the engine's sub executor on the main side (None: the engine's own sub-agent)
 
-    def before_step(self, step: int) -> dict:
+    def before_step(self, step: int, version: int) -> dict:
+        """Step `step` starts, the main agent at policy `version`; returns the step's waiting figures."""
         return {}
-
-    def hand_off(self, step: int, collected: MainStep | None, version: int) -> SubStep | None:
-        """The step's data, from the main side's `collected` (None in the sub job: it arrives through the store);
-        None when the main job finished without this step."""
-        return SubStep(collected.rollout, collected.arrays, version, dict(collected.metrics))
 
     def publish(self, step: int, arrays: RolloutArrays, targets: Targets) -> None:
         pass
@@ -68,12 +64,5 @@ class Exchange:
     def end_step(self, step: int) -> None:
         pass
 
-    def after_save(self, checkpoint_steps: list[int]) -> None:
-        pass
-
     def finish(self, steps: int) -> None:
         pass
-
-
-class InProcessExchange(Exchange):
-    """Both sides in this process: the main side's rollout is the sub side's data."""

@@ -1,28 +1,37 @@
-"""The two sides of an M-GRPO step, each owning its learner, its batches and what its data was drawn with.
+"""The sides of an M-GRPO step. Every mode and job runs the same loop over two of them, one `Side` protocol:
 
-    main = MainSide(learner, engine, ...)    the top-level agent (main, or the single agent): collects the
-                                             whole-system rollouts and their judge arrays; rows are its Q*K
-                                             episodes with their advantages
-    sub  = SubSide(learner)                  the sub-agent: the Q*K*D aligned rows (`mgrpo`), none (`frozen_sub`:
-                                             its learner is not trainable)
-         = UnsyncSubSide(learner, store, ...) the FIFO chunks popped this step (`mgrpo_unsync`,
-                                             mgrpo_jax/rl/unsync.py)
-         = NoSide()                          a side this job does not hold: the other job's in the decoupled
-                                             mode, or the sub-agent a single-agent run does not have
+    collect(step, inputs) -> data     what the side's step trains on: the main side's rollouts of the step's
+                                      questions; the sub side's view of them (by reference here, or served and
+                                      cached in the decoupled sub job); None when there is nothing (more) to train
+    rows(data, targets, stats, step)  its figures and its batch rows from the step's credit targets
+    update(rows) -> metrics           its learner's policy update on those rows
+    state() / load_state(host)        what a checkpoint keeps of it beyond its learner's arrays
+    after_save(checkpoint_steps)      after each checkpoint: drops what the checkpoints make redundant
+    version                           the policy version of its learner (what sampled the step's data)
 
-`Trainer.rl_step` runs collect -> hand off -> the credit assignment (`mgrpo_targets`, or the one `config.credit`
-names) -> rows -> `update` over whichever sides a job holds; `build_sides` chooses them. In a shared-policy mode
-(`matpo`, `shared_mgrpo`) both sides hold the one model, and `update` trains it once on both sides' rows pooled into
-one batch. Each row's sampling settings come from its episode (`rollout.batches`).
+    MainSide(learner, engine, ...)    the top-level agent (main, or the single agent): the whole-system rollouts and
+                                      their judge arrays; rows are its Q*K episodes with their advantages
+    RemoteMain()                      the decoupled sub job's main side: the main agent is the other job's
+    SubSide(learner)                  the sub-agent: the Q*K*D aligned rows (`mgrpo`), none (`frozen_sub`: its
+                                      learner is not trainable)
+    UnsyncSubSide(learner, store, ..) the FIFO chunks popped this step (`mgrpo_unsync`, mgrpo_jax/rl/unsync.py)
+    NoSubSide()                       no sub-agent here: the single agent's, or the decoupled main job's (the sub
+                                      job trains it); its data is the main side's, for the credit
+    ServingSubSide (rl/decoupled.py)  the decoupled sub job's sub side: collects by serving the main job's tasks
+
+A `SidePair` updates both sides, each its own learner; a `PooledPair` (the shared-policy modes `matpo`,
+`shared_mgrpo`) trains their one model once on both sides' rows pooled into one batch. `build_sides` chooses them.
+Each row's sampling settings come from its episode (`rollout.batches`).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import numpy as np
 
-from mgrpo_jax.config import agent_names, rl_batch_rows
+from mgrpo_jax.config import SHARED_MODES, agent_names, rl_batch_rows
 from mgrpo_jax.core import TargetsConfig, d_histogram
 from mgrpo_jax.env.build import reward_judge
 from mgrpo_jax.env.compact.world import TWINS
@@ -44,10 +53,29 @@ def counterfactual_twin(config, step: int) -> int:
     return int(rng.integers(1, TWINS + 1)) if rng.random() < share else 0
 
 
-class NoSide:
-    """A side this job does not hold: it collects nothing, has no rows and no updates."""
+class Side(Protocol):
+    """One side of the step (the module's docstring says what each method does)."""
 
-    version = 0  # the policy version of a side that is not here: never read by its exchange
+    version: int
+
+    def collect(self, step: int, inputs): ...
+
+    def rows(self, data, targets, stats: dict, step: int) -> tuple[dict, object]: ...
+
+    def update(self, rows) -> dict: ...
+
+    def state(self) -> dict: ...
+
+    def load_state(self, host: dict) -> None: ...
+
+    def after_save(self, checkpoint_steps: list[int]) -> None: ...
+
+
+class RemoteMain:
+    """The main side in the decoupled sub job: the main agent collects, trains and counts versions in the other
+    job, so here it collects nothing, has no rows and no updates."""
+
+    version = 0  # never read: the sub job's exchange posts no tasks
 
     def collect(self, step: int, questions) -> None:
         return None
@@ -61,14 +89,25 @@ class NoSide:
     def throughput(self, collected, seconds: float) -> dict:
         return {}
 
-    def host_state(self) -> dict:
+    def state(self) -> dict:
         return {}
 
-    def load_host_state(self, host: dict) -> None:
+    def load_state(self, host: dict) -> None:
         pass
 
+    def after_save(self, checkpoint_steps: list[int]) -> None:
+        """After a checkpoint of `checkpoint_steps` (the complete ones, oldest first): drop what they make redundant."""
 
-class MainSide(NoSide):
+
+class NoSubSide(RemoteMain):
+    """No sub-agent learner in this job (the single agent's run, or the decoupled main job): the step's data is the
+    main side's, for the credit; no rows, no updates."""
+
+    def collect(self, step: int, collected: MainStep) -> SubStep:
+        return SubStep(collected.rollout, collected.arrays, self.version, dict(collected.metrics))
+
+
+class MainSide(RemoteMain):
     """The top-level agent's side. `transcripts`: how many rollouts a step writes to `transcripts.jsonl` in
     `workdir` (0: none, e.g. on every process but the first)."""
 
@@ -122,9 +161,9 @@ class MainSide(NoSide):
                 "throughput/generated_tokens_per_s": sum(e.generated_tokens for e in episodes) / seconds}
 
 
-class SubSide(NoSide):
+class SubSide(NoSubSide):
     """The sub-agent's side in the synchronised modes: the Q*K*D aligned rows of `mgrpo_targets`; a learner
-    that is not trainable (`frozen_sub`) gets the figures only."""
+    that is not trainable (`frozen_sub`) gets the figures only. Its data is the main side's rollout, by reference."""
 
     def __init__(self, learner):
         self.learner = learner
@@ -183,36 +222,58 @@ class UnsyncSubSide(SubSide):
             rows=rl_batch_rows(cfg, SUB))
         return {**self.figures(data, targets, stats), **metrics}, chunks
 
-    def host_state(self) -> dict:
+    def state(self) -> dict:
         return {"fifo_offset": self.consumer.offset}
 
-    def load_host_state(self, host: dict) -> None:
+    def load_state(self, host: dict) -> None:
         self.consumer.seek(int(host.get("fifo_offset", 0)))
 
 
-def build_sides(config, learners: dict, engine, env, store, workdir: str, is_main_process: bool) -> tuple:
-    """(main side, sub side) of a job holding `learners`; a side whose agent is not here is a `NoSide`."""
+class SidePair:
+    """The step's two sides; `update` trains each side's own learner on its own rows."""
+
+    def __init__(self, main: Side, sub: Side):
+        self.main, self.sub = main, sub
+
+    def update(self, main_rows, sub_rows) -> dict:
+        return {**self.main.update(main_rows), **self.sub.update(sub_rows)}
+
+
+class PooledPair(SidePair):
+    """Both sides hold one model (a shared-policy mode): one update of it on their rows pooled into one batch of
+    `rl_batch_rows(config, "main")` rows (main rows, then sub rows, then weight-0 padding rows; every row as long as
+    the longest), so MATPO's loss takes one token mean over both agents' tokens."""
+
+    def __init__(self, main: MainSide, sub: SubSide, config):
+        super().__init__(main, sub)
+        if main.learner is not sub.learner:
+            raise ValueError(f"a pooled pair needs one learner on both sides, got {main.learner.name!r} and "
+                             f"{sub.learner.name!r}")
+        self.learner, self.rows_per_batch = main.learner, rl_batch_rows(config, MAIN)
+
+    def update(self, main_rows, sub_rows) -> dict:
+        pad_id = self.learner.tokenizer.pad_id
+        pooled = batches.concat_rows([main_rows, *sub_rows], pad_id)
+        return self.learner.train(batches.pad_rows(pooled, self.rows_per_batch, pad_id))
+
+
+def build_sides(config, learners: dict, engine, env, store, workdir: str, is_main_process: bool,
+                serving=None) -> SidePair:
+    """The sides of a job holding `learners`: a main side whose agent is not here is a `RemoteMain`, a sub side a
+    `NoSubSide`; `serving(sub side)` wraps the sub side of the decoupled sub job (`decoupled.ServingSubSide`)."""
     top_name = agent_names(config.mode)[0]
-    main = NoSide()
+    main = RemoteMain()
     if top_name in learners:
         main = MainSide(learners[top_name], engine, env, config, workdir,
                         config.train.log_transcripts if is_main_process else 0)
-    sub = NoSide()
+    sub = NoSubSide()
     if SUB in learners:
         sub = UnsyncSubSide(learners[SUB], store, config) if config.mode == "mgrpo_unsync" else SubSide(learners[SUB])
-    return main, sub
-
-
-def update(main, main_rows, sub, sub_rows, config) -> dict:
-    """Both sides' policy updates: each its own learner's, or, where the two sides hold one model (a shared-policy
-    mode), one update of it on their rows pooled into one batch of `rl_batch_rows(config, "main")` rows (main rows,
-    then sub rows, then weight-0 padding rows; every row as long as the longest), so MATPO's loss takes one token
-    mean over both roles' tokens."""
-    shared = getattr(main, "learner", None)
-    if shared is None or getattr(sub, "learner", None) is not shared:
-        return {**main.update(main_rows), **sub.update(sub_rows)}
-    pooled = batches.concat_rows([main_rows, *sub_rows], shared.tokenizer.pad_id)
-    return shared.train(batches.pad_rows(pooled, rl_batch_rows(config, MAIN), shared.tokenizer.pad_id))
+        if serving is not None:
+            sub = serving(sub)
+    if config.mode in SHARED_MODES:
+        return PooledPair(main, sub, config)
+    return SidePair(main, sub)
 
 
 def step_timings(metrics: dict, t0: float, t1: float, t2: float, t3: float) -> dict:

@@ -21,10 +21,10 @@ default slot count (one per rollout) no episode ever leaves its slot; fewer slot
 never from the slot or the batch: the same seed gives the same episodes whatever the slot count.
 
 A sampler without slots (an object with only `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=,
-budgets=)`, e.g. a scripted policy in tests) gets each round's pending turns in one call, as the lock-step engine
-did. The lock-step engine itself (`mgrpo_jax.rollout.lockstep.LockstepRolloutEngine`: every ready episode's turn in
-one batch that decodes until its longest row stops, the whole episode prefilled every turn) is kept as the oracle
-the tests compare against.
+budgets=)`, and the `top_k` / `top_p` its rows are drawn with where it filters, e.g. a scripted policy in tests) gets
+each round's pending turns in one call, as the lock-step engine did. The lock-step engine itself
+(`mgrpo_jax.rollout.lockstep.LockstepRolloutEngine`: every ready episode's turn in one batch that decodes until its
+longest row stops, the whole episode prefilled every turn) is kept as the oracle the tests compare against.
 
 Delegations can also be served elsewhere (decoupled mode): a `sub_executor` callable receives each round's newly
 spawned sub-agent episodes and returns them finished (answer and end reason filled in), instead of the sub-agent's
@@ -45,6 +45,12 @@ one: the compact grammar's `error`), logged once per tool and exception type, an
 an exception anywhere else in the engine is a bug and raises. Every text the engine renders (tool responses,
 delegated tasks, sub-agent answers) is made valid Unicode first (`protocol.valid_unicode`).
 
+**What the engine keeps of an episode while it runs** (`EpisodeState`: the delegation a main episode waits on, the
+scratch space its tools share) is its own and lives for the run; the `Episode` holds only the trajectory, what is
+judged, trained on and sent between jobs. A turn is read by the engine's `parse_turn` (the grammar's) and has no
+length fixed ahead (`turn_length`); a subclass may script both (benchmarks and tests:
+`mgrpo_jax.bench.rollout.ScriptedRolloutEngine`).
+
 Each agent may have its own tokenizer (`AgentRuntime.tokenizer`, e.g. its pretrained checkpoint's): an episode is
 rendered, sampled and decoded with its agent's, and the text that crosses between agents (a delegated task, a
 sub-agent's answer) crosses as text, tokenized by the agent that reads it.
@@ -52,16 +58,17 @@ sub-agent's answer) crosses as text, tokenized by the agent that reads it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mgrpo_jax.env.grammar import CHAT, Grammar, delegation
 from mgrpo_jax.env.prompts import ASSISTANT, SYSTEM, TOOL, USER
-from mgrpo_jax.env.protocol import FinalAnswer, FormatError, ToolCall, valid_unicode
+from mgrpo_jax.env.protocol import FinalAnswer, FormatError, ParsedTurn, ToolCall, valid_unicode
 from mgrpo_jax.env.tools import DELEGATE
 from mgrpo_jax.rollout.episode import (
     ANSWERED,
@@ -87,7 +94,8 @@ class AgentRuntime:
     """What the engine needs to run one agent: its sampler, its tools and its limits."""
 
     name: str  # "main", "sub" or "single"
-    sampler: object  # `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=, budgets=)`
+    sampler: object  # a `Sampler` (decode slots), or any `.sample(prompts, max_new=, rng=, temperature=, stop_tokens=,
+    # budgets=)` (module docstring)
     system_prompt: str
     # Run in-process as `tool(arguments, session)`; `session` is the episode's own dict (compact `open r2` reads the
     # episode's last search from it). `delegate` is handled by the engine.
@@ -98,9 +106,6 @@ class AgentRuntime:
     tokenizer: Any = None  # its own ChatTokenizer (None: the engine's); it renders and reads all of its episodes
     slots: int = 0  # decode slots of its sampler (0: one per episode that can be live at once, rounded up)
     decode_chunk: int = 0  # decode steps per round between the host's looks at the slots (0: the sampler's default)
-    # Benchmarks only: `script.budget(episode)` is the next turn's length, a turn that reaches it is whole, and
-    # `script.parse(episode, text)` reads it instead of the grammar (mgrpo_jax.bench.rollout's long workload).
-    script: Any = None
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -116,8 +121,19 @@ class RolloutLimits:
     temperature: float = 1.0
 
 
+@dataclass(eq=False)
+class EpisodeState:
+    """What the engine keeps of an episode while a run drives it, apart from its trajectory (the `Episode`)."""
+
+    episode: Episode = field(repr=False)  # whose state it is (held: its id names no other episode during the run)
+    waiting_on: Episode | None = None  # main episodes: the delegation being served
+    tool_session: dict = field(default_factory=dict, repr=False)  # the episode's tools' scratch space
+
+
 class EngineCore:
-    """What both engines share: episodes, tool responses, a turn's bookkeeping, delegation and hand-back."""
+    """What both engines share: episodes, tool responses, a turn's bookkeeping, delegation and hand-back.
+
+    Subclasses may script their agents' turns by overriding `turn_length` and `parse_turn` (module docstring)."""
 
     def __init__(self, tokenizer, top: AgentRuntime, sub: AgentRuntime | None = None,
                  limits: RolloutLimits | None = None,
@@ -137,6 +153,46 @@ class EngineCore:
         for agent in self._runtimes.values():
             agent.tokenizer = agent.tokenizer or tokenizer
         self._logged_failures: set[tuple[str, str]] = set()
+        self._states: dict[int, EpisodeState] | None = None  # id(episode) -> its state, during a run
+
+    # -- the engine's per-episode state ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """The span of one run: the episodes' states live as long as it (a run inside another shares its states)."""
+        if self._states is not None:
+            yield
+            return
+        self._states = {}
+        try:
+            yield
+        finally:
+            self._states = None
+
+    def _state(self, episode: Episode) -> EpisodeState:
+        """The engine's state of an episode of the current run (a new one the first time)."""
+        state = self._states.get(id(episode))
+        if state is None:
+            state = self._states[id(episode)] = EpisodeState(episode)
+        return state
+
+    def _waiting(self, episode: Episode) -> bool:
+        """Whether the episode waits on a delegation (its sub-agent episode has not answered yet)."""
+        state = self._states.get(id(episode))
+        return state is not None and state.waiting_on is not None
+
+    # -- how a turn is read (subclasses may script it) ----------------------------------------------
+
+    def turn_length(self, agent: AgentRuntime, episode: Episode) -> int | None:
+        """A length fixed ahead for the episode's next turn, or None (here: a turn ends at its stop token, or is cut
+        off by a limit). A turn that reaches its fixed length is whole, as if it had stopped (its text: all of its
+        ids); the length also caps the turn's budget. Scripted engines (benchmarks, tests) override it."""
+        return None
+
+    def parse_turn(self, agent: AgentRuntime, episode: Episode, text: str) -> ParsedTurn:
+        """What a whole turn's text does (a tool call, a final answer or a format error): the grammar's reading
+        (scripted engines: their script's)."""
+        return self.grammar.parse_turn(text, allowed_tools=agent.tool_names)
 
     # -- episode construction ------------------------------------------------------------------------
 
@@ -173,8 +229,12 @@ class EngineCore:
         if room < self.limits.min_turn_tokens:
             episode.end_reason = CONTEXT_FULL
             return None
-        wanted = self.limits.max_turn_tokens if agent.script is None else int(agent.script.budget(episode))
-        return _Turn(prefix, min(self.limits.max_turn_tokens, room, wanted), wanted)
+        budget = min(self.limits.max_turn_tokens, room)
+        length = self.turn_length(agent, episode)
+        if length is not None:
+            length = int(length)
+            budget = min(budget, length)
+        return _Turn(prefix, budget, length)
 
     def _finish_turn(self, agent: AgentRuntime, episode: Episode, turn: _Turn, ids, logprobs, stopped: bool,
                      temperature: float) -> list[Episode]:
@@ -184,9 +244,9 @@ class EngineCore:
         episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
         episode.extend(turn.prefix)
         episode.extend(ids, trained=True, logprobs=logprobs)
-        # A scripted turn (benchmarks) is whole when it reaches its scripted length.
-        scripted = agent.script is not None and len(ids) == turn.wanted
-        if not stopped and not scripted:
+        # A turn with a length fixed ahead (`turn_length`) is whole when it reaches it.
+        whole = stopped or (turn.length is not None and len(ids) == turn.length)
+        if not whole:
             episode.turns.append(tokenizer.decode(ids))
             # Cut short by the context budget, or by the per-turn token limit.
             episode.end_reason = CONTEXT_FULL if turn.budget < self.limits.max_turn_tokens else TURN_TOO_LONG
@@ -197,8 +257,7 @@ class EngineCore:
         return self._act(agent, episode, text)
 
     def _act(self, agent: AgentRuntime, episode: Episode, text: str) -> list[Episode]:
-        parsed = (self.grammar.parse_turn(text, allowed_tools=agent.tool_names) if agent.script is None
-                  else agent.script.parse(episode, text))
+        parsed = self.parse_turn(agent, episode, text)
         if isinstance(parsed, FormatError):
             episode.end_reason = FORMAT_ERROR
             episode.format_error = parsed.reason
@@ -208,6 +267,7 @@ class EngineCore:
             episode.end_reason = ANSWERED
             return []
         episode.tool_calls[parsed.name] += 1
+        state = self._state(episode)
         spawned = []
         if parsed.name == DELEGATE:
             if len(episode.subs) >= self.limits.max_sub_calls:
@@ -220,13 +280,13 @@ class EngineCore:
                     sub = self.start_sub(*arguments, question_index=episode.question_index,
                                          rollout=episode.rollout, invocation=len(episode.subs))
                     episode.subs.append(sub)
-                    episode.waiting_on = sub
+                    state.waiting_on = sub
                     spawned.append(sub)
         else:
             tool = agent.tools[parsed.name]
-            output, error = self._guarded(episode, parsed, lambda: tool(parsed.arguments, episode.tool_session))
+            output, error = self._guarded(episode, parsed, lambda: tool(parsed.arguments, state.tool_session))
             self._respond(episode, output if error is None else error)
-        if not episode.waiting_on and len(episode.turns) >= agent.max_turns:
+        if state.waiting_on is None and len(episode.turns) >= agent.max_turns:
             episode.end_reason = MAX_TURNS
         return spawned
 
@@ -250,7 +310,7 @@ class EngineCore:
 
     def _return_to_parent(self, sub: Episode, top: list[list[Episode]]) -> None:
         parent = top[sub.question_index][sub.rollout]
-        parent.waiting_on = None
+        self._state(parent).waiting_on = None
         if sub.answer is not None:
             report = sub.answer[: self.limits.max_answer_chars]
         else:
@@ -260,12 +320,13 @@ class EngineCore:
             parent.end_reason = MAX_TURNS
 
 
-
 class RolloutEngine(EngineCore):
     """Runs episodes on every agent's decode slots (module docstring). `slot_stats` holds the last run's pool
     counters per agent (prefilled and decoded tokens, slot-steps, chunks, evictions)."""
 
-    slot_stats: dict[str, dict[str, int]] = {}
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slot_stats: dict[str, dict[str, int]] = {}
 
     def run(self, questions: Sequence, rollouts: int, seed: int = 0, temperature: float | None = None) -> RolloutBatch:
         """Run `rollouts` whole-system episodes of every question; returns them with timings. `temperature`
@@ -293,6 +354,10 @@ class RolloutEngine(EngineCore):
     def _drive(self, pools: dict, episodes: list[Episode], timings: dict, top=None, questions=None) -> None:
         """Rounds of: every pool starts the turns it has slots for and dispatches a chunk; then each pool's ended
         turns are appended and acted on, and every episode goes where its state says (`_settle`)."""
+        with self._running():
+            self._drive_pools(pools, episodes, timings, top, questions)
+
+    def _drive_pools(self, pools: dict, episodes: list[Episode], timings: dict, top, questions) -> None:
         try:
             for episode in episodes:
                 self._settle(episode, pools, top)
@@ -329,7 +394,7 @@ class RolloutEngine(EngineCore):
         """Queues a ready episode for its next turn; leaves one that waits on a sub-agent parked (in its slot, while
         no one else needs it); frees the slot of one that ended, and hands a finished sub-agent's answer back."""
         pool = pools.get(episode.agent)
-        if not episode.done and episode.waiting_on is None:
+        if not episode.done and not self._waiting(episode):
             turn = self._prepare_turn(pool.agent, episode)
             if turn is not None:
                 pool.queue(episode, turn)
@@ -354,7 +419,7 @@ def _pool(agent: AgentRuntime, live: int, engine: EngineCore, seed: int, tempera
 class _Turn:
     prefix: list[int]  # the assistant header, appended before the sampled ids
     budget: int  # new tokens the turn may sample
-    wanted: int  # its scripted length (AgentRuntime.script), else the per-turn limit
+    length: int | None  # its length fixed ahead (EngineCore.turn_length): reaching it ends the turn whole
 
 
 class _SlotPool:
@@ -443,7 +508,7 @@ class _CallPool:
             return
         batch, self._waiting = self._waiting, []
         out = self.agent.sampler.sample([e.tokens + t.prefix for e, t in batch], max_new=self.limits.max_turn_tokens,
-                                        rng=_seed(self.seed, self._round, self.agent.name),
+                                        rng=round_seed(self.seed, self._round, self.agent.name),
                                         temperature=self.temperature,
                                         stop_tokens=(self.agent.tokenizer.end_of_turn_id,),
                                         budgets=[t.budget for _, t in batch])
@@ -473,5 +538,6 @@ def turn_seed(seed: int, episode: Episode) -> int:
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
-def _seed(seed: int, iteration: int, role: str) -> int:
+def round_seed(seed: int, iteration: int, role: str) -> int:
+    """The key seed of one batched call: from the run's seed, the round (iteration) and the agent's role."""
     return zlib.crc32(f"{seed}/{iteration}/{role}".encode()) & 0x7FFFFFFF

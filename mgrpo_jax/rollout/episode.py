@@ -5,6 +5,10 @@ messages, then for every turn the assistant header, the sampled ids (ending with
 and the rendered tool response. `loss_mask` is 1 exactly on sampled ids, and `logprobs` holds the
 sampler's behaviour log-prob of each sampled id (0 elsewhere), so the trainer's importance ratios start
 at 1 and nothing is ever re-tokenised from text.
+
+An `Episode` is the trajectory record only: what is judged, trained on, logged and sent between jobs
+(`to_json` / `from_json`). What the rollout engine keeps of an episode while it runs it (the delegation it waits
+on, its tools' scratch space) is the engine's own (`mgrpo_jax.rollout.engine.EpisodeState`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ TOOL_ERROR_PREFIX = "error/"
 
 @dataclass
 class Episode:
+    """One agent's episode: its tokens, the sampled ids' mask and log-probs, its turns and how it ended."""
+
     agent: str  # "main", "sub" or "single"
     question_index: int
     rollout: int
@@ -43,8 +49,6 @@ class Episode:
     end_reason: str | None = None
     format_error: str | None = None
     subs: list[Episode] = field(default_factory=list)  # main episodes: delegations in call order
-    waiting_on: Episode | None = None  # main episodes: the delegation being served
-    tool_session: dict = field(default_factory=dict, repr=False)  # the episode's tools' scratch space
     # The distribution its sampled ids were drawn from (set by the rollout engine at each turn): the train step
     # recomputes their log-probs under the same temperature and filters, so these travel with the episode.
     temperature: float = 1.0
@@ -67,7 +71,7 @@ class Episode:
 
     def to_json(self) -> dict:
         """A sub-agent episode as a JSON object (what crosses a job boundary; `from_json` reads it back). Nested
-        `subs` and the tools' scratch space are not kept."""
+        `subs` are not kept."""
         return {"agent": self.agent, "q": self.question_index, "r": self.rollout, "i": self.invocation,
                 "task": self.task, "call": self.call, "tokens": self.tokens, "loss_mask": self.loss_mask,
                 "logprobs": self.logprobs, "turns": self.turns, "tool_calls": dict(self.tool_calls),

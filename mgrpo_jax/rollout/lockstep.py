@@ -17,23 +17,27 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from mgrpo_jax.rollout.engine import AgentRuntime, EngineCore, _seed
+from mgrpo_jax.rollout.engine import AgentRuntime, EngineCore, round_seed
 from mgrpo_jax.rollout.episode import Episode, RolloutBatch
 
 
 class LockstepRolloutEngine(EngineCore):
     def run(self, questions: Sequence, rollouts: int, seed: int = 0, temperature: float | None = None) -> RolloutBatch:
+        with self._running():
+            return self._run(questions, rollouts, seed, temperature)
+
+    def _run(self, questions: Sequence, rollouts: int, seed: int, temperature: float | None) -> RolloutBatch:
         timings = {"sampling_s": 0.0, "tools_s": 0.0}
         temperature = self.limits.temperature if temperature is None else float(temperature)
         top = self._top_episodes(questions, rollouts)
         live_subs: list[Episode] = []
         iteration = 0
         while True:
-            ready = [e for row in top for e in row if not e.done and e.waiting_on is None]
+            ready = [e for row in top for e in row if not e.done and not self._waiting(e)]
             if not ready and not live_subs:
                 break
             if ready:
-                spawned = self._turn(self.top, ready, _seed(seed, iteration, "top"), timings, temperature)
+                spawned = self._turn(self.top, ready, round_seed(seed, iteration, "top"), timings, temperature)
                 if self.sub_executor is not None and spawned:
                     start = time.perf_counter()
                     for sub in self.sub_executor(spawned, questions):
@@ -42,7 +46,7 @@ class LockstepRolloutEngine(EngineCore):
                 else:
                     live_subs.extend(spawned)
             if live_subs:
-                self._turn(self.sub, live_subs, _seed(seed, iteration, "sub"), timings, temperature)
+                self._turn(self.sub, live_subs, round_seed(seed, iteration, "sub"), timings, temperature)
                 for sub in [s for s in live_subs if s.done]:
                     live_subs.remove(sub)
                     self._return_to_parent(sub, top)
@@ -54,10 +58,11 @@ class LockstepRolloutEngine(EngineCore):
         timings = {"sampling_s": 0.0, "tools_s": 0.0} if timings is None else timings
         temperature = self.limits.temperature if temperature is None else float(temperature)
         live, iteration = list(subs), 0
-        while live:
-            self._turn(self.sub, live, _seed(seed, iteration, "sub"), timings, temperature)
-            live = [s for s in live if not s.done]
-            iteration += 1
+        with self._running():
+            while live:
+                self._turn(self.sub, live, round_seed(seed, iteration, "sub"), timings, temperature)
+                live = [s for s in live if not s.done]
+                iteration += 1
         return timings
 
     def _turn(self, agent: AgentRuntime, episodes: list[Episode], rng: int, timings: dict,

@@ -345,3 +345,27 @@ def init_from_checkpoint(path: str, learners: Mapping[str, Any]) -> int:
         learner.reset_optimizer(learner.config.optim)
     log.info("initialised %s from %s (step %d)", sorted(learners), path, step)
     return step
+
+
+def abandon_saves(workdir: str, folders: tuple[str, ...]) -> None:
+    """After a second Ctrl-C: let Orbax's writer threads settle, then drop the unfinished saves in each of the
+    workdir's `folders`, so the newest complete checkpoint is the resume point."""
+    logging.getLogger("absl").setLevel(logging.CRITICAL + 1)  # Orbax's errors about the save cut off
+    settle()
+    for folder in folders:
+        discard_partial(epath.Path(workdir) / folder)
+
+
+def resume_points(workdir: str, folders: dict[str, str]) -> dict[str, int | None]:
+    """{name: the newest complete checkpoint's step in the workdir's folder, or None} of `folders` {name: folder}."""
+    return {name: (complete_steps(epath.Path(workdir) / folder) or [None])[-1] for name, folder in folders.items()}
+
+
+def describe_resume(resume: dict, at_once: bool) -> str:
+    """Where a rerun continues, in words, from `resume_points` of the RL and warm-start checkpoints."""
+    how = "stopped at once" if at_once else "checkpoint written"
+    if resume["checkpoint"] is not None:
+        return f"{how}; the rerun resumes from RL step {resume['checkpoint']}"
+    if resume["warmstart_checkpoint"] is not None:
+        return f"{how}; the rerun resumes the warm start after {resume['warmstart_checkpoint']} steps"
+    return f"{how}; no checkpoint was complete yet, so the rerun starts over"

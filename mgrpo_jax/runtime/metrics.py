@@ -28,7 +28,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -211,11 +211,6 @@ class MetricWriter:
                           json.dumps({"step": int(step), "tag": tag, "text": text}) + "\n")
         if self._tb is not None:
             self._tb.add_text(tag, text, global_step=int(step))
-
-    def write_histogram(self, step: int, tag: str, values: Iterable[float], bins="auto") -> None:
-        """A histogram of raw values (e.g. the d_k of a batch) to TensorBoard."""
-        if self.enabled and self._tb is not None:
-            self._tb.add_histogram(tag, np.asarray(list(values), np.float64), global_step=int(step), bins=bins)
 
     def flush(self) -> None:
         if self._file is not None:

@@ -8,6 +8,7 @@ Public API::
                          stop_tokens=tok.stop_ids, budgets=None)   # -> SampleOutput (numpy)
     out.tokens [B, max_new], out.logprobs [B, max_new], out.lengths [B], out.stopped [B]
     sampler.update_weights(model)  # new parameters, no recompilation
+    sampler.caches                 # its CachePool: one donated KV cache per shape (cache.py), the decode slots' too
 """
 
 from mgrpo_jax.sampling.buckets import (
@@ -17,6 +18,7 @@ from mgrpo_jax.sampling.buckets import (
     pad_prompts,
     pow2_buckets,
 )
+from mgrpo_jax.sampling.cache import CachePool
 from mgrpo_jax.sampling.layout import decode_layout
 from mgrpo_jax.sampling.sampler import (
     NO_STOP,
@@ -31,6 +33,7 @@ from mgrpo_jax.sampling.sampler import (
 )
 
 __all__ = [
+    "CachePool",
     "DEFAULT_BATCH_BUCKETS",
     "DEFAULT_LENGTH_BUCKETS",
     "NO_STOP",

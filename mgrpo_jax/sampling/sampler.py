@@ -11,7 +11,8 @@ One call samples a whole batch of continuations inside a single ``jax.jit``:
    done (stop token or budget). No host round-trip per token.
 
 The cache is an argument of the jitted function and is donated, and the call returns it; ``Sampler`` keeps
-one cache per shape bucket and hands it back on the next call, so its memory is reused, never reallocated.
+one cache per shape bucket (its :class:`~mgrpo_jax.sampling.cache.CachePool`) and hands it back on the next call,
+so its memory is reused, never reallocated.
 The model's parameters are also an argument (``nnx.split`` state), so ``Sampler.update_weights`` after a
 train step swaps weights without recompiling (as long as shapes, dtypes and shardings stay the same).
 
@@ -32,8 +33,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
-from typing import NamedTuple
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -41,10 +43,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from mgrpo_jax.model import CACHE_AXES, forward
+from mgrpo_jax.model import forward
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, pad_prompts
+from mgrpo_jax.sampling.cache import CachePool, resize_slots, write_slots
 from mgrpo_jax.sampling.layout import decode_layout
 
+T = TypeVar("T")
 NO_STOP = -1  # filler of the per-row stop-token table
 STOP_WIDTH_BUCKETS = (4, 16, 64)
 
@@ -263,7 +267,7 @@ def generate(
         # attention reads no empty slots; only the last phase runs on the whole (donated) cache.
         full = cache
         for w in windows:
-            cache = _write_slots(full, carry[2]) if w == n_slots else _resize_slots(carry[2], w)
+            cache = write_slots(full, carry[2]) if w == n_slots else resize_slots(carry[2], w)
 
             last = min(max_new, w - P + 1)  # the phase's steps write slots P + step - 1 < w
 
@@ -288,26 +292,6 @@ def decode_windows(prompt_len: int, n_slots: int, max_new: int, phases: int) -> 
     return sorted(set(ends) - {n_slots}) + [n_slots]
 
 
-def _resize_slots(cache: dict, w: int) -> dict:
-    """A copy of the cache with ``w`` slots: its first ``w``, or all of them followed by empty ones (zeros,
-    masked out)."""
-
-    def resize(x, name):
-        axis = CACHE_AXES[name].index("cache_slots")
-        n = x.shape[axis]
-        if w <= n:
-            return jax.lax.slice_in_dim(x, 0, w, axis=axis)
-        return jnp.pad(x, [(0, w - n) if a == axis else (0, 0) for a in range(x.ndim)])
-
-    return {name: jax.tree.map(lambda x, name=name: resize(x, name), part) for name, part in cache.items()}
-
-
-def _write_slots(full: dict, part: dict) -> dict:
-    """``full`` with its first slots replaced by the smaller cache ``part`` (in place when donated)."""
-    put = lambda f, x: jax.lax.dynamic_update_slice(f, x.astype(f.dtype), (0,) * f.ndim)
-    return jax.tree.map(put, full, part)
-
-
 @functools.partial(
     jax.jit, static_argnums=(0,),
     static_argnames=("max_new", "top_k", "top_p", "pad_id", "decode_phases", "out_major"),
@@ -319,6 +303,23 @@ def _generate_jit(graphdef, state, cache, prompts, prompt_lengths, keys, tempera
     return generate(model, cache, prompts, prompt_lengths, keys, temperature, stop_tokens, budgets,
                     max_new=max_new, top_k=top_k, top_p=top_p, pad_id=pad_id, decode_phases=decode_phases,
                     out_major=out_major)
+
+
+def compiled_programs() -> int:
+    """How many sampler programs (``generate`` shapes) this process has compiled (benchmarks' warm-up)."""
+    return int(_generate_jit._cache_size())
+
+
+def observed(observer, programs: Callable[[], int], call: Callable[[], T], *, block: bool = False) -> T:
+    """``call()``; with an ``observer``, reported to it as ``observer(seconds, compiled)``: its wall time (after
+    waiting for its outputs, with ``block``) and whether it compiled a program (``programs()``, the count of the
+    compiled programs it may add to, grew). Benchmarks time the samplers' compiled calls so (``Sampler.observer``)."""
+    if observer is None:
+        return call()
+    before, start = programs(), time.perf_counter()
+    out = jax.block_until_ready(call()) if block else call()
+    observer(time.perf_counter() - start, programs() > before)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,6 +369,15 @@ class Sampler:
     :func:`generate` (1, the default, decodes over the whole cache in one loop; more phases read less cache
     per token and compile longer). ``out_major``: see :func:`generate`; ``None`` (the default) turns it
     on when the weights live on CPU devices.
+
+    ``caches``: the sampler's :class:`~mgrpo_jax.sampling.cache.CachePool`, one KV cache per shape, donated to each
+    call and kept for the next one of that shape (the decode slots of :mod:`mgrpo_jax.sampling.slots` take theirs
+    from it too). ``place(x, logical)`` puts a host array on the sampler's devices, laid out by logical axes;
+    ``batch_multiple``: the rows a call's batch must be a multiple of (the mesh's data axes).
+
+    ``observer``: benchmarks' hook, None by default. When set, every compiled call (``generate``, and the decode
+    slots' ``launch`` and ``collect``) is reported to it as ``observer(seconds, compiled)``; ``generate`` then waits
+    for its outputs (:func:`observed`).
     """
 
     def __init__(self, model, *, pad_id: int = 0, top_k: int = 0, top_p: float = 1.0,
@@ -376,7 +386,7 @@ class Sampler:
                  decode_phases: int = 1, out_major: bool | None = None):
         self.graphdef, self.state = nnx.split(model)
         self.cfg = model.cfg
-        self.mesh_rules = getattr(model, "mesh_rules", None)
+        self.mesh_rules = model.mesh_rules
         self.pad_id = int(pad_id)
         self.top_k = int(top_k)
         self.top_p = float(top_p)
@@ -390,12 +400,13 @@ class Sampler:
             platforms = {d.platform for leaf in jax.tree.leaves(self.state) for d in leaf.devices()}
             out_major = platforms == {"cpu"}
         self.out_major = bool(out_major)
-        self._caches: dict[tuple[int, int], dict] = {}
+        self.caches = CachePool(self._new_cache)
+        self.observer: Callable[[float, bool], None] | None = None
         if self.mesh_rules is not None:
             data = self.mesh_rules.spec(("act_batch",))
-            self._batch_multiple = int(np.prod([self.mesh_rules.mesh.shape[a] for a in _axes(data)]))
+            self.batch_multiple = int(np.prod([self.mesh_rules.mesh.shape[a] for a in _axes(data)]))
         else:
-            self._batch_multiple = 1
+            self.batch_multiple = 1
 
     # -- weights ------------------------------------------------------------------------------------
     def update_weights(self, model_or_state) -> None:
@@ -413,7 +424,9 @@ class Sampler:
         self.state = state
 
     # -- placement ----------------------------------------------------------------------------------
-    def _put(self, x, logical):
+    def place(self, x, logical):
+        """``x`` (a host array, or typed PRNG keys) on the sampler's devices, sharded by the logical axes
+        ``logical`` (one per dimension); a plain device array without a mesh."""
         if self.mesh_rules is None:
             return jnp.asarray(x)
         sharding = self.mesh_rules.sharding(logical, np.shape(x))
@@ -421,17 +434,14 @@ class Sampler:
             return jax.device_put(x, sharding)
         # Multi-process: `x` is the same on every process; each places the rows of its own devices.
         if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            data = self._put(np.asarray(jax.random.key_data(x)), tuple(logical) + (None,))
+            data = self.place(np.asarray(jax.random.key_data(x)), tuple(logical) + (None,))
             return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
         host = np.asarray(x)
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-    def _cache(self, batch: int, n_slots: int) -> dict:
-        cache = self._caches.pop((batch, n_slots), None)
-        if cache is None:
-            model = nnx.merge(self.graphdef, self.state)
-            cache = model.init_cache(batch, n_slots, dtype=self.cache_dtype)
-        return cache
+    def _new_cache(self, batch: int, n_slots: int) -> dict:
+        """An empty KV cache of ``batch`` rows and ``n_slots`` slots, laid out as the weights are (the pool's)."""
+        return nnx.merge(self.graphdef, self.state).init_cache(batch, n_slots, dtype=self.cache_dtype)
 
     # -- sampling -----------------------------------------------------------------------------------
     def generate(self, prompts, prompt_lengths, *, max_new: int, rng=0, temperature=1.0, stop_tokens=(),
@@ -441,6 +451,12 @@ class Sampler:
         ``temperature``: scalar or [B]; ``stop_tokens``: ids shared by all rows, a list of per-row id sets,
         or a [B, S] table (``NO_STOP`` fills); ``budgets``: [B] max new tokens per row (default max_new).
         """
+        return observed(self.observer, compiled_programs, lambda: self._generate(
+            prompts, prompt_lengths, max_new=max_new, rng=rng, temperature=temperature, stop_tokens=stop_tokens,
+            budgets=budgets), block=True)
+
+    def _generate(self, prompts, prompt_lengths, *, max_new: int, rng, temperature, stop_tokens,
+                  budgets) -> SampleOutput:
         prompts = np.asarray(prompts, np.int32)
         B, P = prompts.shape
         lengths = np.asarray(prompt_lengths, np.int32)
@@ -454,19 +470,19 @@ class Sampler:
         bud = np.full((B,), max_new, np.int32) if budgets is None else np.asarray(budgets, np.int32)
         keys = _row_keys(rng, B)
 
-        cache = self._cache(B, P + max_new)
+        cache = self.caches.take(B, P + max_new)
         args = (
-            self._put(prompts, ("act_batch", "act_seq")),
-            self._put(lengths, ("act_batch",)),
-            self._put(keys, ("act_batch",)),
-            self._put(temp, ("act_batch",)),
-            self._put(stops, ("act_batch", None)),
-            self._put(bud, ("act_batch",)),
+            self.place(prompts, ("act_batch", "act_seq")),
+            self.place(lengths, ("act_batch",)),
+            self.place(keys, ("act_batch",)),
+            self.place(temp, ("act_batch",)),
+            self.place(stops, ("act_batch", None)),
+            self.place(bud, ("act_batch",)),
         )
         out, cache = _generate_jit(self.graphdef, self.state, cache, *args, max_new=int(max_new),
                                    top_k=self.top_k, top_p=self.top_p, pad_id=self.pad_id,
                                    decode_phases=self.decode_phases, out_major=self.out_major)
-        self._caches[(B, P + max_new)] = cache
+        self.caches.give_back(cache)
         return out
 
     def sample(self, prompts: Sequence[Sequence[int]], *, max_new: int, rng=0, temperature=1.0,
@@ -481,7 +497,7 @@ class Sampler:
         n = len(prompts)
         tokens, lengths = pad_prompts(prompts, batch_buckets=self.batch_buckets,
                                       length_buckets=self.length_buckets, pad_id=self.pad_id,
-                                      batch_multiple=self._batch_multiple)
+                                      batch_multiple=self.batch_multiple)
         Bp = tokens.shape[0]
         temp = np.ones((Bp,), np.float32)
         temp[:n] = np.broadcast_to(np.asarray(temperature, np.float32), (n,))
@@ -517,12 +533,15 @@ def _axes(spec_entry) -> tuple[str, ...]:
 __all__ = [
     "NO_STOP",
     "SampleOutput",
-    "decode_windows",
     "Sampler",
+    "compiled_programs",
+    "decode_windows",
     "filter_logits",
     "generate",
     "inverse_cdf",
+    "observed",
     "sample_logits",
     "sampling_logits",
     "stop_table",
+    "to_host",
 ]

@@ -1,8 +1,9 @@
 """Decode slots: a fixed set of KV-cache rows, each holding one episode across its turns, decoded in chunks.
 
 A :class:`DecodeSlots` pool belongs to one agent's :class:`~mgrpo_jax.sampling.Sampler` (same weights, same
-mesh, same log-prob convention). It owns one cache of ``[n_slots, max_len]`` (``max_len``: the agent's context
-budget), allocated once and donated to every call, and runs two jitted programs over it:
+mesh, same log-prob convention). It holds one cache of ``[n_slots, max_len]`` (``max_len``: the agent's context
+budget), taken from the sampler's cache pool (:class:`~mgrpo_jax.sampling.cache.CachePool`) for the whole run,
+donated to every call and given back at :meth:`DecodeSlots.close`, and runs two jitted programs over it:
 
 - :func:`slot_prefill` writes the tokens an episode gained since its last turn (a tool response, a sub-agent's
   answer, the assistant header) into its slot at the slot's own offset. Only the slots that have something to
@@ -35,10 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mgrpo_jax.model import CACHE_AXES, forward
+from mgrpo_jax.model import forward
 from mgrpo_jax.sampling.buckets import DEFAULT_LENGTH_BUCKETS, bucket, pow2_buckets
+from mgrpo_jax.sampling.cache import put_rows, resize_slots, take_rows, write_slots
 from mgrpo_jax.sampling.layout import decode_layout
-from mgrpo_jax.sampling.sampler import NO_STOP, _resize_slots, _write_slots, sample_logits, to_host
+from mgrpo_jax.sampling.sampler import NO_STOP, Sampler, observed, sample_logits, to_host
 
 SLOT_CHUNK = 16  # decode steps per host round-trip (a stopped row idles at most this many steps)
 STOP_WIDTH = 4  # per-slot stop-token table width
@@ -55,18 +57,12 @@ def slot_prefill(model, cache: dict, rows: jax.Array, tokens: jax.Array, starts:
     context budget."""
     R, T = tokens.shape
     window = window or cache["mask"].shape[1]
-    part = _resize_slots(jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode="clip"), cache), window)
+    part = resize_slots(take_rows(cache, rows), window)
     positions = starts[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
     mask = jnp.arange(T, dtype=jnp.int32)[None] < counts[:, None]
     _, part = forward(model.cfg, model.mesh_rules, model.arrays(), tokens, positions, attention_mask=mask, cache=part,
                       cache_index=starts, logits_at=jnp.zeros((R,), jnp.int32))
-
-    def put_back(name, full, new):
-        axis = CACHE_AXES[name].index("cache_slots")
-        index = tuple(rows if a == 0 else slice(0, window) if a == axis else slice(None) for a in range(full.ndim))
-        return full.at[index].set(new, mode="drop")
-
-    return {name: jax.tree.map(functools.partial(put_back, name), cache[name], part[name]) for name in cache}
+    return put_rows(cache, rows, part, window)
 
 
 def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live: jax.Array, budgets: jax.Array,
@@ -88,7 +84,7 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
     full = cache
     window = window or full["mask"].shape[1]
     if window < full["mask"].shape[1]:
-        cache = _resize_slots(full, window)
+        cache = resize_slots(full, window)
     step_forward = functools.partial(forward, model.cfg, model.mesh_rules,
                                      decode_layout(model.arrays(), out_major=out_major,
                                                    moe_layers=model.cfg.moe_layers))
@@ -118,7 +114,7 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
             jnp.full((n, steps), pad_id, jnp.int32), jnp.zeros((n, steps), jnp.float32), cache)
     i, _, _, _, count, stopped, out_tok, out_lp, cache = jax.lax.while_loop(cond, body, init)
     if cache is not full and window < full["mask"].shape[1]:
-        cache = _write_slots(full, cache)
+        cache = write_slots(full, cache)
     return out_tok, out_lp, count, stopped, i, cache
 
 
@@ -152,11 +148,12 @@ class DecodeSlots:
     >>> while pool.busy: pool.launch(); finished = pool.collect()   # [(episode, ids, logprobs, stopped)]
 
     Counters for benchmarks: ``prefill_tokens`` (tokens written by prefills), ``fed_tokens`` (tokens fed by decode
-    steps), ``sampled_tokens``, ``slot_steps`` (slots x decode steps run), ``chunks``, ``evictions``.
+    steps), ``sampled_tokens``, ``slot_steps`` (slots x decode steps run), ``chunks``, ``evictions``. With the
+    sampler's ``observer`` set, :meth:`launch` and :meth:`collect` are reported to it (``Sampler``).
     """
 
-    def __init__(self, sampler, n_slots: int, max_len: int, *, chunk: int = SLOT_CHUNK):
-        multiple = getattr(sampler, "_batch_multiple", 1)
+    def __init__(self, sampler: Sampler, n_slots: int, max_len: int, *, chunk: int = SLOT_CHUNK):
+        multiple = sampler.batch_multiple
         self.sampler = sampler
         self.n = -(-max(int(n_slots), 1) // multiple) * multiple  # the cache's rows split over the data axes
         self.max_len = int(max_len)
@@ -239,12 +236,15 @@ class DecodeSlots:
 
     def launch(self) -> None:
         """Dispatches the pending prefills and one decode chunk (asynchronously: :meth:`collect` waits)."""
+        observed(self.sampler.observer, compiled_programs, self._launch)
+
+    def _launch(self) -> None:
         if self._pending is not None or not self.live.any():
             return
         s = self.sampler
         if self.cache is None:
-            self.cache = s._cache(self.n, self.max_len)
-        put = s._put
+            self.cache = s.caches.take(self.n, self.max_len)
+        put = s.place
         for group in self._prefill_groups():
             R = len(group)
             Rb = bucket(R, pow2_buckets(1, self.n))
@@ -285,6 +285,9 @@ class DecodeSlots:
     def collect(self) -> list[tuple[object, np.ndarray, np.ndarray, bool]]:
         """Waits for the launched chunk; returns the turns that ended in it as ``(owner, ids, logprobs, stopped)``
         (``stopped``: ended on a stop token, else on its budget). Their slots stay with their owners."""
+        return observed(self.sampler.observer, compiled_programs, self._collect)
+
+    def _collect(self) -> list[tuple[object, np.ndarray, np.ndarray, bool]]:
         finished = []
         for slot in self._empty:
             finished.append((self.owners[slot], np.zeros((0,), np.int32), np.zeros((0,), np.float32), False))
@@ -318,7 +321,7 @@ class DecodeSlots:
         if self._pending is not None:
             self.collect()
         if self.cache is not None:
-            self.sampler._caches[(self.n, self.max_len)] = self.cache
+            self.sampler.caches.give_back(self.cache)
             self.cache = None
         self.owners = [None] * self.n
         self._slot_of.clear()

@@ -37,11 +37,6 @@ _STEP_RE = re.compile(r"^\d{10}$")
 AREAS = ("steps", "tasks")
 
 
-def _fmt_missing(missing: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(missing[:limit])
-    return shown + (f", … ({len(missing) - limit} more)" if len(missing) > limit else "")
-
-
 class Store:
     """A shared store at one URL. Create with :func:`open_store`."""
 
@@ -265,10 +260,6 @@ class StepView:
     @property
     def array_names(self) -> list[str]:
         return sorted(self.manifest["arrays"])
-
-    @property
-    def record_kinds(self) -> list[str]:
-        return sorted(self.manifest["records"])
 
     def array(self, name: str, *, shape: Sequence[int | None] | None = None, dtype=None) -> np.ndarray:
         """Reads an array; checks it against the manifest (checksum) and the expected ``shape``/``dtype``."""

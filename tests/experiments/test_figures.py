@@ -334,13 +334,15 @@ def test_series_aligns_runs_on_shared_steps_and_final_averages_per_run(fake_logs
 
 
 def test_dk_percentile_and_histogram_sum_over_runs_and_steps(fake_logs):
-    assert dk_histogram.percentile(np.array([50, 40, 9, 1]), 0.99) == 2
-    assert dk_histogram.percentile(np.array([50, 40, 9, 2]), 0.99) == 3
+    assert stats.count_percentile(np.array([50, 40, 9, 1]), 0.99) == 2
+    assert stats.count_percentile(np.array([50, 40, 9, 2]), 0.99) == 3
     _write_logs(fake_logs, "x", [{"step": 1, "d_k/hist/0": 3, "d_k/hist/1": 1, "d_k/hist/2": 0},
                                  {"step": 2, "d_k/hist/0": 1, "d_k/hist/1": 2, "d_k/hist/2": 1}])
     _write_logs(fake_logs, "y", [{"step": 1, "d_k/hist/0": 0, "d_k/hist/1": 4, "d_k/hist/2": 0}])
     assert dk_histogram.histogram(["x", "y"]).tolist() == [4, 7, 1]
     assert dk_histogram.histogram(["x"], slice(1, None)).tolist() == [1, 2, 1]
+    with pytest.raises(ValueError, match=r"runs \['y'\] logged no d_k/hist/\* histogram"):
+        dk_histogram.histogram(["y"], slice(1, None))
 
 
 EVAL_SETS = ("eval_gaia", "eval_xbench", "eval_webwalker", "validation", "fresh")

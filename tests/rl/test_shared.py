@@ -94,19 +94,22 @@ def test_one_model_behind_both_sides_trains_once_on_the_pooled_fixed_size_batch(
     q, k, c = config.rollout.queries, config.rollout.samples, config.rollout.max_sub_calls
     main_rows, sub_rows = _rows(q * k, 4, 1.0), _rows(q * k * c, 2, 1.0)
     sub_rows["weights"][::2] = 0.0  # MATPO's padding calls
-    sides.update(main, main_rows, sub, [sub_rows], config)
+    pooled = sides.PooledPair(main, sub, config)
+    pooled.update(main_rows, [sub_rows])
     (batch,) = learner.batches
     assert len(batch["weights"]) == rl_batch_rows(config, "main") == q * k * (1 + c)
     np.testing.assert_array_equal(batch["tokens"][: q * k], main_rows["tokens"])  # main rows first
     assert batch["weights"][q * k:].sum() == sub_rows["weights"].sum()
     # A step without calls still trains on the same fixed-size batch: the rest is weight-0 padding.
-    sides.update(main, main_rows, sub, [], config)
+    pooled.update(main_rows, [])
     assert len(learner.batches[1]["weights"]) == len(batch["weights"])
     assert learner.batches[1]["weights"][q * k:].sum() == 0
     # Two models: each trains on its own rows.
     other = _Recorder()
-    sides.update(main, main_rows, sides.SubSide(other), [sub_rows], config)
+    sides.SidePair(main, sides.SubSide(other)).update(main_rows, [sub_rows])
     assert len(learner.batches[2]["weights"]) == q * k and len(other.batches) == 1
+    with pytest.raises(ValueError, match="one learner on both sides"):
+        sides.PooledPair(main, sides.SubSide(other), config)
 
 
 @pytest.mark.slow

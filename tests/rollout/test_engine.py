@@ -1,6 +1,7 @@
 """The rollout engine's bookkeeping, driven by a scripted policy (no model): delegation, tool responses,
 limits, token/mask/log-prob alignment, and aligned fixed-size batches."""
 
+import dataclasses
 import types
 
 import jax
@@ -11,6 +12,7 @@ from mgrpo_jax.core import align
 from mgrpo_jax.env import protocol
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
+from mgrpo_jax.rollout.episode import Episode
 from mgrpo_jax.tokenizer import Tokenizer
 
 
@@ -147,3 +149,29 @@ def test_stats_count_tools_and_end_reasons(tokenizer):
     assert stats["sub/tool_calls/search"] == 1.0
     assert stats["main/end/answer"] == 1.0 and stats["d_k/max"] == 2
     assert stats["main/tool_errors"] == stats["sub/tool_errors"] == 0.0  # always reported (test_robustness.py)
+
+
+def test_each_episode_has_its_own_tool_session_and_its_record_holds_no_engine_state(tokenizer):
+    """The tools' scratch space is the engine's, one per episode and run; the `Episode` is the trajectory only."""
+    sessions = []
+
+    def search(args, session):
+        session["calls"] = session.get("calls", 0) + 1
+        sessions.append(session)
+        return f"results {session['calls']}"
+
+    def sub(text):  # two searches, then an answer
+        if text.count("<tool_response>") < 2:
+            return protocol.render_tool_call("search", {"query": "veloria"}, think="look")
+        return protocol.render_answer("42", think="found")
+
+    engine = _engine(tokenizer, sub=sub)
+    engine.sub.tools = {"search": search}
+    batch = engine.run(_questions(1, 2), rollouts=2)
+    subs = list(batch.episodes("sub"))
+    assert len(subs) == 6 and all(s.answer == "42" for s in subs)
+    assert len({id(s) for s in sessions}) == 6 and all(s == {"calls": 2} for s in sessions)
+    assert all("results 1" in tokenizer.decode(s.tokens) and "results 2" in tokenizer.decode(s.tokens) for s in subs)
+    fields = {f.name for f in dataclasses.fields(Episode)}
+    assert not fields & {"waiting_on", "tool_session"}
+    assert Episode.from_json(subs[0].to_json()) == dataclasses.replace(subs[0], subs=[])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mgrpo_jax.agent.build import build_agents
+from mgrpo_jax.bench.rollout import ScriptedLockstepEngine, ScriptedRolloutEngine
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import build_environment
 from mgrpo_jax.env.prompts import MAIN, SUB
@@ -66,14 +67,17 @@ def world(request):
 
 
 def _engines(world: World, scripted: bool = True, **slots):
-    """The slot engine and the lock-step oracle on the same runtimes (`slots`: per-agent slot counts)."""
+    """The slot engine and the lock-step oracle on the same runtimes (`slots`: per-agent slot counts), each agent
+    following a `Script` unless not `scripted`."""
     engine = system.build_engine(world.config, world.tokenizer, world.env, world.agents)
     for runtime in (engine.top, engine.sub):
         runtime.slots = slots.get(runtime.name, 0)
-        if scripted:
-            runtime.script = Script(tuple(runtime.tools), runtime.can_delegate)
-    oracle = LockstepRolloutEngine(engine.tokenizer, engine.top, engine.sub, engine.limits, grammar=engine.grammar)
-    return engine, oracle
+    parts = (engine.tokenizer, engine.top, engine.sub, engine.limits)
+    if not scripted:
+        return engine, LockstepRolloutEngine(*parts, grammar=engine.grammar)
+    scripts = {runtime.name: Script(tuple(runtime.tools), runtime.can_delegate) for runtime in (engine.top, engine.sub)}
+    return (ScriptedRolloutEngine(*parts, grammar=engine.grammar, scripts=scripts),
+            ScriptedLockstepEngine(*parts, grammar=engine.grammar, scripts=scripts))
 
 
 def questions_of(world: World, n: int = 3) -> list:
@@ -107,7 +111,7 @@ def test_greedy_slots_match_without_a_script(world):
 
 def _fewest(world: World, agent: str) -> int:
     """The fewest slots an agent's pool can have: one per device of its data axes."""
-    return world.agents[agent].sampler._batch_multiple
+    return world.agents[agent].sampler.batch_multiple
 
 
 def test_the_same_seed_gives_the_same_episodes_whatever_the_slot_count(world):

@@ -139,25 +139,25 @@ def test_top_k_one_and_tiny_top_p_equal_greedy(model, sampler, prompts):
 def test_weights_swap_without_recompiling(model, prompts):
     s = Sampler(model, batch_buckets=(4,), length_buckets=(P,))
     a = s.sample(prompts, max_new=MAX_NEW, rng=0, temperature=0.0)
-    compiled = sampler_mod._generate_jit._cache_size()
+    compiled = sampler_mod.compiled_programs()
     other = _tiny(42)
     s.update_weights(other)
     b = s.sample(prompts, max_new=MAX_NEW, rng=0, temperature=0.0)
-    assert sampler_mod._generate_jit._cache_size() == compiled
+    assert sampler_mod.compiled_programs() == compiled
     assert (a.tokens != b.tokens).any()
     s.update_weights(nnx.state(model))
     c = s.sample(prompts, max_new=MAX_NEW, rng=0, temperature=0.0)
     np.testing.assert_array_equal(a.tokens, c.tokens)
-    assert sampler_mod._generate_jit._cache_size() == compiled
+    assert sampler_mod.compiled_programs() == compiled
 
 
 def test_cache_is_donated_and_reused(sampler, prompts):
     sampler.sample(prompts, max_new=MAX_NEW, rng=0)
-    (key,) = [k for k in sampler._caches if k == (4, P + MAX_NEW)]
-    old = sampler._caches[key]
+    assert (4, P + MAX_NEW) in sampler.caches.shapes()
+    old = sampler.caches.peek(4, P + MAX_NEW)
     sampler.sample(prompts, max_new=MAX_NEW, rng=0)
     assert all(a.is_deleted() for a in jax.tree.leaves(old))
-    assert not any(a.is_deleted() for a in jax.tree.leaves(sampler._caches[key]))
+    assert not any(a.is_deleted() for a in jax.tree.leaves(sampler.caches.peek(4, P + MAX_NEW)))
 
 
 def test_sharded_matches_single_device(model, sampler, prompts):
@@ -175,7 +175,7 @@ def test_sharded_matches_single_device(model, sampler, prompts):
             assert out.tokens.sharding.spec[0] == "data"
             np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
             np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=LOGPROB_TOL)
-        cache = s._caches[(4, P + MAX_NEW)]
+        cache = s.caches.peek(4, P + MAX_NEW)
         axes = CACHE_AXES["k"]  # the model's per-layer cache layout, by logical name
         spec = tuple(cache["k"][-1].sharding.spec) + (None,) * len(axes)
         assert spec[axes.index("cache_batch")] == "data"
@@ -218,7 +218,7 @@ def test_decode_phases_match_one_loop(model, sampler, prompts, phases):
         np.testing.assert_array_equal(out.stopped, ref.stopped)
         np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=LOGPROB_TOL, rtol=0)
         if i == 0:  # every row ran all steps: the whole donated cache comes back with what one loop wrote
-            _assert_same_filled_slots(phased._caches[(4, P + MAX_NEW)], sampler._caches[(4, P + MAX_NEW)])
+            _assert_same_filled_slots(phased.caches.peek(4, P + MAX_NEW), sampler.caches.peek(4, P + MAX_NEW))
 
 
 def test_out_major_weights_sample_the_same_tokens(model, prompts):

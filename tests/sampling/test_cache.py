@@ -1,0 +1,109 @@
+"""The sampler's KV-cache pool and the cache functions the decode programs use; the sampler's observer hook."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mgrpo_jax.model import Transformer, get_model_config
+from mgrpo_jax.sampling import CachePool, Sampler
+from mgrpo_jax.sampling.cache import put_rows, resize_slots, shape, take_rows, write_slots
+from mgrpo_jax.sampling.slots import DecodeSlots
+
+
+def _cache(rows, slots, layers=2, fill=None):
+    """A cache of the model's layout (CACHE_AXES): k [rows, heads, head_dim, slots], v [rows, heads, slots, head_dim],
+    mask [rows, slots]; filled with distinct values (`fill`: a constant)."""
+    def values(shape):
+        x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+        return x if fill is None else jnp.full(shape, fill, jnp.float32)
+
+    return {"k": tuple(values((rows, 2, 3, slots)) + i for i in range(layers)),
+            "v": tuple(values((rows, 2, slots, 3)) - i for i in range(layers)),
+            "mask": jnp.arange(rows * slots).reshape(rows, slots) % 3 == 0 if fill is None
+            else jnp.full((rows, slots), bool(fill))}
+
+
+def test_the_pool_hands_out_one_cache_per_shape_and_keeps_what_is_given_back():
+    made = []
+    pool = CachePool(lambda rows, slots: made.append((rows, slots)) or _cache(rows, slots))
+    a = pool.take(2, 8)
+    assert made == [(2, 8)] and pool.shapes() == [] and pool.peek(2, 8) is None
+    pool.give_back(a)
+    assert pool.shapes() == [(2, 8)] and pool.peek(2, 8) is a and pool.peek(2, 8) is a  # peek leaves it there
+    assert pool.take(2, 8) is a and made == [(2, 8)]  # reused, not made again
+    b = pool.take(2, 8)  # the pool's one was taken: a new one
+    assert b is not a and made == [(2, 8), (2, 8)]
+    pool.give_back(b)
+    pool.give_back(_cache(4, 16))
+    assert sorted(pool.shapes()) == [(2, 8), (4, 16)] and shape(pool.peek(4, 16)) == (4, 16)
+
+
+def test_resize_and_write_slots_keep_the_first_slots():
+    full = _cache(2, 8)
+    small = resize_slots(full, 5)
+    assert shape(small) == (2, 5)
+    np.testing.assert_array_equal(small["k"][1], full["k"][1][..., :5])
+    np.testing.assert_array_equal(small["v"][0], full["v"][0][:, :, :5])
+    grown = resize_slots(small, 8)  # padded with empty, masked-out slots
+    np.testing.assert_array_equal(grown["k"][0][..., 5:], 0)
+    assert not np.asarray(grown["mask"][:, 5:]).any()
+    base = _cache(2, 8, fill=0.0)
+    written = write_slots(base, small)
+    np.testing.assert_array_equal(written["k"][1][..., :5], full["k"][1][..., :5])
+    np.testing.assert_array_equal(written["k"][1][..., 5:], base["k"][1][..., 5:])
+    np.testing.assert_array_equal(written["v"][0][:, :, :5], full["v"][0][:, :, :5])
+    np.testing.assert_array_equal(written["mask"][:, :5], full["mask"][:, :5])
+
+
+def test_rows_are_taken_and_put_back_in_a_window_and_padding_rows_are_dropped():
+    cache = _cache(3, 8)
+    rows = jnp.asarray([2, 0, 3], jnp.int32)  # 3 is padding: read clipped, never written
+    part = take_rows(cache, rows)
+    np.testing.assert_array_equal(part["k"][0][0], cache["k"][0][2])
+    np.testing.assert_array_equal(part["k"][0][2], cache["k"][0][2])  # clipped to the last row
+    part = jax.tree.map(lambda x: jnp.ones_like(x) if x.dtype == jnp.bool_ else -jnp.ones_like(x),
+                        resize_slots(part, 4))
+    out = put_rows(cache, rows, part, 4)
+    for r in (0, 2):
+        np.testing.assert_array_equal(out["k"][1][r][..., :4], -1)
+        np.testing.assert_array_equal(out["k"][1][r][..., 4:], cache["k"][1][r][..., 4:])
+        np.testing.assert_array_equal(out["v"][0][r][:, :4], -1)
+        assert np.asarray(out["mask"][r, :4]).all()
+    np.testing.assert_array_equal(out["k"][0][1], cache["k"][0][1])  # untouched row
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    cfg = get_model_config("tiny", n_layers=1, vocab_size=64)
+    model = jax.jit(lambda k: nnx.state(Transformer(cfg, rngs=nnx.Rngs(k))))(jax.random.key(0))
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    return Sampler(nnx.merge(graphdef, model), batch_buckets=(2,), length_buckets=(8,))
+
+
+def test_the_observer_sees_every_compiled_call_and_the_slots_use_the_samplers_pool(sampler):
+    calls = []
+    sampler.observer = lambda seconds, compiled: calls.append((seconds, compiled))
+    try:
+        out = sampler.sample([[1, 2, 3], [4]], max_new=4, rng=0)
+        assert len(calls) == 1 and calls[0][0] >= 0 and isinstance(calls[0][1], bool)
+        assert (2, 12) in sampler.caches.shapes() and out.tokens.shape == (2, 4)
+        slots = DecodeSlots(sampler, n_slots=2, max_len=32, chunk=4)
+        owner = object()
+        slots.assign(owner, slots.free_slot())
+        slots.start(owner, [1, 2, 3], budget=6, seed=1, temperature=1.0)
+        finished = []
+        while slots.busy:
+            slots.launch()
+            finished += slots.collect()
+        assert len(finished) == 1 and finished[0][0] is owner and len(finished[0][1]) == 6
+        assert len(calls) == 1 + 2 * slots.chunks  # every launch and collect
+        assert (2, 32) not in sampler.caches.shapes()  # held by the slots while they run
+        cache = slots.cache
+        slots.close()
+        assert sampler.caches.peek(2, 32) is cache  # given back for the next run
+    finally:
+        sampler.observer = None
+    sampler.sample([[1, 2, 3]], max_new=4, rng=0)
+    assert len(calls) == 1 + 2 * slots.chunks  # no observer, no reports
