@@ -300,12 +300,12 @@ def _parse_flags_or_exit(argv: list[str]) -> list[str]:
 
 def main(argv):
     del argv
-    config, workdir, role = _CONFIG.value, _WORKDIR.value, _ROLE.value
+    config, workdir, job = _CONFIG.value, _WORKDIR.value, _ROLE.value
     from mgrpo_jax.rl.run import check, check_meshes, execute, log_to_file, log_to_screen
 
     try:  # on every process, before jax.distributed and before anything is built
         import_loss_modules(_LOSS_MODULES.value, config)
-        check(config, workdir, role)
+        check(config, workdir, job)
     except UsageError as e:
         _exit_usage(e)
 
@@ -322,13 +322,13 @@ def main(argv):
         else:
             jax.distributed.initialize()
     try:  # the meshes need the devices, so only now
-        check_meshes(config, role)
+        check_meshes(config, job)
     except UsageError as e:
         _exit_usage(e)
     log_to_screen(logging.INFO if jax.process_index() == 0 else logging.ERROR)  # only process 0 logs progress
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every checkpoint file at INFO
     if jax.process_index() == 0:
-        log_to_file(workdir, role)
+        log_to_file(workdir, job)
     chosen = ": no accelerator found, set JAX_PLATFORMS to choose" if CHOSEN_PLATFORM else ""
     logging.getLogger("mgrpo_jax").info(
         "preset %s (%d devices, %d processes, %s backend%s), mode %s, benchmark %s, workdir %s", config.preset,
@@ -337,7 +337,7 @@ def main(argv):
 
     from mgrpo_jax.rl.run import AT_ONCE
 
-    _, status = execute(config, workdir, role=role)
+    _, status = execute(config, workdir, job=job)
     if status == AT_ONCE:  # without waiting for Orbax's threads, whose save was cut off and its files removed
         logging.shutdown()
         os._exit(EXIT_AT_ONCE)

@@ -1,8 +1,8 @@
 """The run configuration: one ml_collections ConfigDict. This module holds the defaults and the checks.
 
   base_config(benchmark)   the defaults, every field with its meaning;
-  validate(config, role)   every check the config alone allows (names, sizes, micro-batch splits, the decoupled
-                           roles' needs), reported together in one ValueError; `mgrpo_jax.rl.run.run` calls
+  validate(config, job)    every check the config alone allows (names, sizes, micro-batch splits, the decoupled
+                           jobs' needs), reported together in one ValueError; `mgrpo_jax.rl.run.run` calls
                            it before building anything;
   get_config(benchmark, preset)  the config of `benchmark` for "preset[,mode]" (`resolve`).
 
@@ -14,7 +14,7 @@ start their tables from that one and call `resolve` too, so `get_config(b, arg)`
 
 Modes (`config.mode`): mgrpo | frozen_sub | single_agent | mgrpo_unsync | matpo | shared_mgrpo
 (mgrpo_jax/rl/trainer.py says what each trains). The last two are the shared-policy modes: one model serves both
-roles (built from `config.main`; `sub` keeps only its role's limits) and trains on both roles' rows pooled into one
+agents (built from `config.main`; `sub` keeps only its agent's limits) and trains on both agents' rows pooled into one
 batch; their credit assignment is MATPO's and M-GRPO's (`credit_name`).
 """
 
@@ -44,7 +44,8 @@ def agent_names(mode: str) -> tuple[str, ...]:
 
 # The credit assignment (mgrpo_jax/core/credit.py) a mode uses when `config.credit` is empty.
 MODE_CREDIT = {"matpo": "matpo"}
-DEFAULT_CREDIT = "mgrpo_targets"
+DEFAULT_CREDIT = "mgrpo"
+CREDIT_ALIASES = {"mgrpo_targets": "mgrpo"}  # the registry's earlier name of M-GRPO's credit, still accepted
 # MATPO's loss (its public code): clipped PPO at 0.2 / 0.2, one token mean over planner and worker tokens pooled, no
 # KL; `resolve` sets it on `main` (the shared model's section) for the matpo mode.
 MATPO_LOSS_HPARAMS = {"eps_low": 0.2, "eps_high": 0.2, "aggregation": "token-mean", "kl_coef": 0.0}
@@ -184,8 +185,8 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # MATPO's planner reward (credit "matpo", mgrpo_jax/core/matpo.py): weights of correctness and of the format term.
     c.rewards.matpo_correct_weight = 0.9
     c.rewards.matpo_format_weight = 0.1
-    # How a step's judged rollouts become both roles' rewards and advantages: a name registered in
-    # mgrpo_jax/core/credit.py (`available_credits`); empty: the mode's own (matpo for the matpo mode, mgrpo_targets
+    # How a step's judged rollouts become both agents' rewards and advantages: a name registered in
+    # mgrpo_jax/core/credit.py (`available_credits`); empty: the mode's own (matpo for the matpo mode, mgrpo
     # for every other).
     c.credit = ""
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
@@ -276,7 +277,7 @@ def get_config(benchmark: str = "xbench", preset: str | None = None) -> ml_colle
 # ---- validate ----
 
 STAGES = ("stage1", "stage2")
-ROLES = ("colocated", "main", "sub")
+JOBS = ("colocated", "main", "sub")  # --role: the job a process runs
 TWO_AGENT_MODES = ("mgrpo", "frozen_sub", "mgrpo_unsync")  # the modes --role=main / --role=sub can split
 # Sections whose keys are free (model fields, loss keyword arguments, noise and tokenizer-trainer settings): their
 # keys are not compared with the defaults' (the model's are checked against ModelConfig).
@@ -437,7 +438,8 @@ def _check_lora(p: _Problems, name: str) -> None:
 
 def credit_name(config) -> str:
     """The credit assignment of `config`'s run: `config.credit`, else its mode's (`MODE_CREDIT`)."""
-    return config.get("credit") or MODE_CREDIT.get(config.mode, DEFAULT_CREDIT)
+    name = config.get("credit") or MODE_CREDIT.get(config.mode, DEFAULT_CREDIT)
+    return CREDIT_ALIASES.get(name, name)
 
 
 def rl_batch_fields(mode: str, agent: str, unsync_pop: str = "chunks",
@@ -523,9 +525,9 @@ def _check_services(p: _Problems) -> None:
     p.number("env.http_backoff_s", 0)
 
 
-def validate(config, role: str | None = None) -> None:
+def validate(config, job: str | None = None) -> None:
     """Raises one ValueError listing every problem of `config` that shows without building anything, each naming
-    its field. `role`: the job's side in the decoupled mode (launch/tpu_run.py --role), "colocated" or None for
+    its field. `job`: the job's side in the decoupled mode (launch/tpu_run.py --role), "colocated" or None for
     one job with both agents."""
     from mgrpo_jax.core import advantages, alignment
     from mgrpo_jax.env.grammar import GRAMMARS, get_grammar
@@ -582,8 +584,8 @@ def validate(config, role: str | None = None) -> None:
         if share and p.get("env.grammar") != "compact":
             p.add(field, share, "counterfactual twins exist for the compact world only (env.grammar=compact)")
     share = p.get("rollout.counterfactual_share")
-    if share not in (_MISSING, 0, 0.0) and role in ("main", "sub"):
-        p.add("rollout.counterfactual_share", share, f"not with --role={role}: the sub job would answer from the "
+    if share not in (_MISSING, 0, 0.0) and job in ("main", "sub"):
+        p.add("rollout.counterfactual_share", share, f"not with --role={job}: the sub job would answer from the "
               "world while the main job's step is posed in a twin; run colocated")
     for field in ("steps", "eval_every", "eval_questions", "checkpoint_every", "log_transcripts"):
         p.number(f"train.{field}", 0)
@@ -605,7 +607,7 @@ def validate(config, role: str | None = None) -> None:
     from mgrpo_jax.core.credit import available_credits
 
     credit = p.get("credit")
-    if credit not in (_MISSING, "", None) and credit not in available_credits():
+    if credit not in (_MISSING, "", None, *CREDIT_ALIASES) and credit not in available_credits():
         p.add("credit", credit, f"not a registered credit assignment ({', '.join(available_credits())})"
               f"{_did_you_mean(credit, available_credits())}")
     if mode in SHARED_MODES and p.get("sub.init_from") not in (_MISSING, "", None, p.get("main.init_from")):
@@ -625,16 +627,16 @@ def validate(config, role: str | None = None) -> None:
         p.add("decoupled.keep_steps", keep, f"must be >= decoupled.max_lag + 1 = {max_lag + 1} (the main job at "
               "step s may still read what the sub job wrote at step s - max_lag)")
 
-    if role is not None and role not in ROLES:
-        p.add("role", role, f"not one of {', '.join(ROLES)}{_did_you_mean(role, ROLES)}")
-    if role in ("main", "sub"):
+    if job is not None and job not in JOBS:
+        p.add("role", job, f"not one of {', '.join(JOBS)}{_did_you_mean(job, JOBS)}")
+    if job in ("main", "sub"):
         if mode in SHARED_MODES:
-            p.add("mode", mode, f"--role={role}: mode {mode} trains one model for both roles, which cannot be split "
+            p.add("mode", mode, f"--role={job}: mode {mode} trains one model for both agents, which cannot be split "
                   f"across two jobs; run it colocated, or use a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
         elif mode in MODES and mode not in TWO_AGENT_MODES:
-            p.add("mode", mode, f"--role={role} needs a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
+            p.add("mode", mode, f"--role={job} needs a two-agent mode ({', '.join(TWO_AGENT_MODES)})")
         if isinstance(store, str) and store.startswith("memory://"):
-            p.add("store", store, f"--role={role}: the main and sub jobs share only the store, and a memory:// "
+            p.add("store", store, f"--role={job}: the main and sub jobs share only the store, and a memory:// "
                   "store is private to one process; pass --config.store=file:///shared/path or gs://bucket/prefix")
 
     found = list(dict.fromkeys(p.found))

@@ -25,9 +25,9 @@ def _experiment(benchmark):
     return module
 
 
-def _problems(config, role=None) -> list[str]:
+def _problems(config, job=None) -> list[str]:
     with pytest.raises(ValueError, match=r"invalid config \(\d+ problems?\)") as info:
-        validate(config, role)
+        validate(config, job)
     return [line.strip() for line in str(info.value).splitlines()[1:]]
 
 

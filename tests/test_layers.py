@@ -28,8 +28,9 @@ TREES = ("mgrpo_jax", "experiments", "launch")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0a", ("mgrpo_jax", "mgrpo_jax.runtime", "mgrpo_jax.core", "mgrpo_jax.store", "mgrpo_jax.presets",
             "mgrpo_jax.tokenizer")),
-    ("0b", ("mgrpo_jax.tokenizer_hf", "mgrpo_jax.config")),
+    ("0b", ("mgrpo_jax.tokenizer_hf",)),
     ("1", ("mgrpo_jax.model", "mgrpo_jax.env")),
+    ("1b", ("mgrpo_jax.config",)),  # validates against the model and env registries
     ("2", ("mgrpo_jax.sampling",)),
     ("3", ("mgrpo_jax.rollout",)),
     ("4", ("mgrpo_jax.agent",)),
@@ -287,7 +288,8 @@ def _bindings(name: str, scope: ast.AST, inherited: set[str], is_package: bool) 
 def monkeypatching(name: str, tree: ast.AST, is_package: bool = False) -> list[tuple[int, str]]:
     """(line, what) of each way one module changes another's objects from outside:
 
-    - a `setattr(` call, on anything;
+    - a `setattr(` call on anything but `self` / `cls` (an object naming its own attributes, as an nnx module
+      builds its parameters, is not patching);
     - `getattr(X, ...)`, `X.attr = ...`, `X.attr += ...` or `del X.attr` where X is a name of the package (imported
       from it, or an alias of such a name);
     - on any object but `self` / `cls`: `del obj.attr`, `obj.attr = f` with f a lambda or a function defined in
@@ -303,7 +305,7 @@ def monkeypatching(name: str, tree: ast.AST, is_package: bool = False) -> list[t
                 visit(node, inherited if isinstance(scope, ast.ClassDef) else bound)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 first = node.args[0] if node.args else None
-                if node.func.id == "setattr":
+                if node.func.id == "setattr" and not (isinstance(first, ast.Name) and first.id in _OWNERS):
                     found.append((node.lineno, f"setattr({ast.unparse(first) if first else ''}, ...)"))
                 elif node.func.id == "getattr" and isinstance(first, ast.Name) and first.id in bound:
                     found.append((node.lineno, f"getattr({first.id}, ...): {first.id} is a name of {PACKAGE}"))
@@ -372,7 +374,7 @@ def test_imports_are_read_in_functions_relative_and_not_under_type_checking():
 
 def test_the_layer_table_places_modules_by_their_longest_prefix():
     assert layer_of("mgrpo_jax")[1] == "0a"
-    assert layer_of("mgrpo_jax.config")[1] == "0b"
+    assert layer_of("mgrpo_jax.config")[1] == "1b"
     assert layer_of("mgrpo_jax.env.compact.world")[1] == "1"
     assert layer_of("experiments.figures.runs")[1] == "7"
     assert layer_of("mgrpo_jax.newthing") is None  # an unplaced top-level module fails `test_every_module_...`

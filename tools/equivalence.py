@@ -24,18 +24,19 @@ file path or line number: moving a function to another file leaves its hash unch
 
 `metrics`: short `smoke` runs (seed 0; a 1-step warm start, 2 RL steps, the evaluation at step 2, a checkpoint per
 step) of every mode and of the decoupled mode (a `--role=main` and a `--role=sub` process over a file:// store),
-each started as its own process through `launch/tpu_run.py`. A `smoke` main agent never delegates on its own, so
-the sub-agent would never train; every run except `mgrpo_plain` therefore scripts the main agent's first turn as a
-delegation (as tests/*/scripted_launch.py does for the decoupled tests; `_DelegateFirst`), and `mgrpo_plain` runs
-the launcher unpatched. For each run: its `metrics.jsonl` records without the non-deterministic keys
-(`_VOLATILE`), and the sha256 of those records. Every process gets one CPU device (XLA_FLAGS removed).
+each started as its own process through `launch/tpu_run.py` (`RUNS`). A `smoke` agent never delegates and never
+keeps the format on its own, so every reward would be 0, every advantage 0 and the sub-agent would never train:
+the runs other than `mgrpo_plain` (the launcher as users run it) script some turns (`_Scripted`: the main agent's
+first turn is a delegation, as tests/*/scripted_launch.py scripts it; every other turn of an even row is a final
+answer), so rewards differ within each group and both agents train on non-zero advantages. For each run: its
+`metrics.jsonl` records without the keys `_VOLATILE` matches, and the sha256 of those records. Every process gets
+one CPU device (XLA_FLAGS removed). `--only NAME,...` runs a subset of `RUNS`.
 
-Keys left out of the metrics (each differs between two identical runs, or is a clock):
-  time                        the record's unix time stamp;
-  time/*                      wall-clock seconds of each phase of a step (sampling, tools, rewards, training, ...);
-  throughput/*                rates per wall-clock second;
-  warmstart/.../seconds-like  none: the warm-start records carry only losses (checked);
-Two runs of `metrics` on the baseline (commit c42f2b6) gave identical hashes for every run with only these left out.
+Keys left out of the metrics records (`_VOLATILE`): those of wall-clock time, which differ between two identical
+runs; nothing else does (two `metrics` runs on the baseline, commit c42f2b6, gave identical hashes for every run):
+  time            the record's unix time stamp;
+  time/*          seconds spent in each phase of a step (sampling, tools, rewards, training, step, other);
+  throughput/*    episodes and generated tokens per wall-clock second.
 
 `compare A B`: exit status 1 with the names whose hashes differ (for metrics the first differing record, key and
 values) or that only one file has; 0 when everything is equal.
@@ -70,20 +71,19 @@ sys.path.insert(0, REPO)
 
 # ---- the two layouts ----
 
-# short name -> (new module path, old module path) (/work/layout-plan.md)
+# short name -> the module paths that hold it, newest layout first (/work/layout-plan.md; `build`: build_agents,
+# distinct_learners and SHARED, in agent/build.py since issue 35 step 1, in train/system.py before)
 MODULES = {
-    "state": ("mgrpo_jax.agent.state", "mgrpo_jax.train.state"),
     "step": ("mgrpo_jax.agent.step", "mgrpo_jax.train.step"),
-    "learner": ("mgrpo_jax.agent.learner", "mgrpo_jax.train.learner"),
-    "system": ("mgrpo_jax.rl.system", "mgrpo_jax.train.system"),
+    "build": ("mgrpo_jax.agent.build", "mgrpo_jax.rl.system", "mgrpo_jax.train.system"),
     "trainer": ("mgrpo_jax.rl.trainer", "mgrpo_jax.train.trainer"),
-    "metrics": ("mgrpo_jax.runtime.metrics", "mgrpo_jax.train.metrics"),
 }
 
 
 def _module(name: str):
-    """The module `name` of whichever layout this checkout has: the new path first, then the old one. A module that
-    exists but fails to import (a missing dependency of it) raises, rather than silently falling back."""
+    """The module `name` of whichever layout this checkout has: the first of its paths that exists (the new layout's
+    first). A module that exists but fails to import (a missing dependency of it) raises, rather than silently
+    falling back to an older path."""
     paths = MODULES[name]
     for path in paths:
         try:
@@ -172,12 +172,12 @@ class _Tokenizer:
 def _agent_programs(name: str, mode: str, overrides: dict) -> dict[str, str]:
     from mgrpo_jax.config import rl_batch_rows
 
-    step, system = _module("step"), _module("system")
+    step, build = _module("step"), _module("build")
     config = _variant_config(mode, overrides)
-    agents = system.build_agents(config, _Tokenizer(config.tokenizer.vocab_size))
+    agents = build.build_agents(config, _Tokenizer(config.tokenizer.vocab_size))
     out = {}
-    for learner_name, learner in system.distinct_learners(agents).items():
-        section = "main" if learner_name == getattr(system, "SHARED", "shared") else learner_name
+    for learner_name, learner in build.distinct_learners(agents).items():
+        section = "main" if learner_name == getattr(build, "SHARED", "shared") else learner_name
         rows, length = rl_batch_rows(config, section), int(learner.config.context_tokens)
         keys = tuple(step.POLICY_KEYS) + (("ref_logprobs",) if learner.kl_coef > 0 else ())
         prefix = f"{name}/{learner_name}"

@@ -80,21 +80,10 @@ def _opened(trainer: Trainer, text: str):
 
 def system_signal(trainer: Trainer, steps: int = 2) -> dict:
     captured = []
-
-    def capture(name):
-        def train(rows):
-            captured.append((name, rows))
-            return {}
-        return train
-
-    for agent in trainer.agents.values():  # the batches as the trainer builds them; no update
-        agent.train = capture(agent.name)
-    try:
-        for _ in range(steps):
-            trainer.rl_step()
-    finally:
-        for agent in trainer.agents.values():
-            del agent.train
+    for _ in range(steps):  # the batches as the trainer builds them; no update
+        trainer.rl_step(update=False)
+        main_rows, sub_rows = trainer.dry_rows
+        captured += [(trainer.top_name, main_rows)] + ([("sub", sub_rows)] if sub_rows else [])
     affected = noise_config(trainer.config).wrong_kind
     advantages = collections.defaultdict(list)
     for name, rows in captured:

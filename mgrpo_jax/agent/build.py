@@ -88,17 +88,17 @@ def build_agent(name: str, agent_cfg, tokenizer: ChatTokenizer, devices, seed: i
                    tokenizer=tokenizer, base=base, lora=lora)
 
 
-SHARED = "shared"  # the one learner of a shared-policy mode (config.SHARED_MODES): both roles, built from `main`
+SHARED = "shared"  # the one learner of a shared-policy mode (config.SHARED_MODES): both agents, built from `main`
 
 
 def model_sections(mode: str) -> tuple[str, ...]:
-    """The config sections a model is built from: one per role, or `main` alone in a shared-policy mode."""
+    """The config sections a model is built from: one per agent, or `main` alone in a shared-policy mode."""
     return (MAIN,) if mode in SHARED_MODES else agent_names(mode)
 
 
 def distinct_learners(agents: dict) -> dict:
-    """{learner name: learner} of a role -> learner mapping: each model once (a shared-policy mode's two roles are
-    one learner). What owns state (checkpoints, warm start, export) iterates over these, not over roles."""
+    """{learner name: learner} of an agent -> learner mapping: each model once (a shared-policy mode's two agents are
+    one learner). What owns state (checkpoints, warm start, export) iterates over these, not over agents."""
     return {learner.name: learner for learner in agents.values()}
 
 
@@ -155,9 +155,9 @@ def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, l
 
 
 def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
-    """{role: its Learner} of the run (`only`: a subset of roles, e.g. one side of the decoupled mode, seeded as in
+    """{agent: its Learner} of the run (`only`: a subset of agents, e.g. one side of the decoupled mode, seeded as in
     the full run); each gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`). In a shared-policy
-    mode both roles map to one learner, `SHARED`, built from `config.main`."""
+    mode both agents map to one learner, `SHARED`, built from `config.main`."""
     names, devices = agent_names(config.mode), agent_mesh_devices(config, only)
     if config.mode in SHARED_MODES:
         shared = build_agent(SHARED, config[MAIN], agent_tokenizer(config, MAIN, tokenizer), devices[MAIN],

@@ -27,12 +27,13 @@ running, so the first steps keep meeting new ones). Then ``--steps`` timed RL st
   alignment, advantages, batch assembly), ``training_s`` (train steps + weight hand-off), ``other_s``
   (the rest of the step: the rollout engine's bookkeeping between turns, question iterator, ...).
 * ``compute_share`` = time inside compiled computations / (step time - ``compile_s``), where the compiled
-  time is measured from outside the trainer by wrapping each agent's ``Sampler.generate`` and each policy
-  ``TrainStep`` with a timer that blocks on the outputs (``jax.block_until_ready``). A wrapped call that
-  compiled (its jit cache grew) is not compiled computation: its time is ``compile_s`` (per timed step;
-  ``compile_s_in_timed_steps`` the total, ``compiles_in_timed_steps`` the count, both 0 when the warm-up
-  settled), and ``warmup_compile_s`` / ``warmup_steps_run`` say what the warm-up compiled. The tiny jitted
-  kernels of the reward/advantage phase are not counted (they are host-dominated).
+  time is measured from outside the trainer: each agent's sampler reports its compiled calls to a timer (its
+  ``observer`` hook: ``Sampler.generate``, which then blocks on its outputs, and the decode slots' ``launch`` and
+  ``collect``), and each policy ``TrainStep`` is wrapped in one that blocks on the outputs
+  (``jax.block_until_ready``). A timed call that compiled (its jit cache grew) is not compiled computation: its
+  time is ``compile_s`` (per timed step; ``compile_s_in_timed_steps`` the total, ``compiles_in_timed_steps`` the
+  count, both 0 when the warm-up settled), and ``warmup_compile_s`` / ``warmup_steps_run`` say what the warm-up
+  compiled. The tiny jitted kernels of the reward/advantage phase are not counted (they are host-dominated).
 * ``peak_memory_gb``: the process's peak resident set (``ru_maxrss``) after the RL steps (it includes the
   Python/JAX runtime, the environment and both agents); ``device_peak_memory_gb`` from JAX's
   ``memory_stats`` where the backend reports it (not on CPU).
@@ -686,7 +687,7 @@ def bench_local(args) -> dict:
 
         oracle = LockstepRolloutEngine(engine.tokenizer, counted(engine.top), counted(engine.sub), engine.limits,
                                        grammar=engine.grammar)
-        questions = next(trainer.iterator)
+        questions = next(trainer.feed.iterator)
         out = compare_engines(engine, oracle, lambda e: e.run(questions, config.rollout.samples, seed=0), counters)
     out.update({"preset": config.preset, "warmstart_steps": warm})
     return {f"local_{key}": value for key, value in out.items()}

@@ -78,9 +78,7 @@ import numpy as np
 from mgrpo_jax.bench.common import emit
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import build_environment, noise_config
-from mgrpo_jax.store import PollPolicy, Record, Store, open_store
-from mgrpo_jax.store import arrays as store_arrays
-from mgrpo_jax.store.kv import KV
+from mgrpo_jax.store import PollPolicy, Record, Store, StoreObserver, observe, open_store
 
 log = logging.getLogger(__name__)
 
@@ -118,59 +116,43 @@ class Meter:
         return self.records, self.bytes, self.deletes, self.lists, self.misses
 
 
-class _CountedRead:
-    def __init__(self, future, meter: Meter):
-        self._future, self._meter = future, meter
+class _MeterObserver(StoreObserver):
+    """Feeds a Meter from the store's observation hooks (`mgrpo_jax.store.observe`)."""
 
-    def result(self):
-        out = self._future.result()
-        if out.state == "missing":
-            self._meter.misses += 1
+    def __init__(self, meter: Meter):
+        self.meter = meter
+
+    def on_read(self, key, value):
+        if value is None:
+            self.meter.misses += 1
         else:
-            self._meter.records += 1
-            self._meter.bytes += len(out.value)
-        return out
+            self.meter.records += 1
+            self.meter.bytes += len(value)
+
+    def on_write(self, key, value):
+        if value is None:
+            self.meter.deletes += 1
+        else:
+            self.meter.records += 1
+            self.meter.bytes += len(value)
+
+    def on_list(self, lo, hi):
+        self.meter.lists += 1
+
+    def on_array_write(self, key, nbytes):
+        self.meter.records += 1
+        self.meter.bytes += nbytes
+
+    def on_array_read(self, key, nbytes):
+        self.meter.records += 1
+        self.meter.bytes += nbytes
 
 
 @contextlib.contextmanager
 def metered(meter: Meter):
-    """Installs counting wrappers on the store's I/O seams while the block runs."""
-    start_read, start_write, start_list = KV._start_read, KV._start_write, KV._start_list
-    write_array, read_array = store_arrays.write_array, store_arrays.read_array
-
-    def read(self, key):
-        return _CountedRead(start_read(self, key), meter)
-
-    def write(self, key, value, if_equal=None):
-        if value is None:
-            meter.deletes += 1
-        else:
-            meter.records += 1
-            meter.bytes += len(value)
-        return start_write(self, key, value, if_equal)
-
-    def listing(self, lo, hi):
-        meter.lists += 1
-        return start_list(self, lo, hi)
-
-    def array_out(kv, key, arr):
-        meter.records += 1
-        meter.bytes += arr.nbytes
-        return write_array(kv, key, arr)
-
-    def array_in(kv, key, meta):
-        arr = read_array(kv, key, meta)
-        meter.records += 1
-        meter.bytes += arr.nbytes
-        return arr
-
-    KV._start_read, KV._start_write, KV._start_list = read, write, listing
-    store_arrays.write_array, store_arrays.read_array = array_out, array_in
-    try:
+    """Counts the store's I/O into ``meter`` (through `mgrpo_jax.store.observe`) while the block runs."""
+    with observe(_MeterObserver(meter)):
         yield meter
-    finally:
-        KV._start_read, KV._start_write, KV._start_list = start_read, start_write, start_list
-        store_arrays.write_array, store_arrays.read_array = write_array, read_array
 
 
 # ------------------------------------------------------------------------------------------ payloads

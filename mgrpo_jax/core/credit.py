@@ -6,12 +6,13 @@ A credit assignment maps the rollout's padded arrays to one step's targets:
     fn(arrays: RolloutArrays, key, config) -> Targets      # pure, jittable, `config` static (hashable)
 
 and is registered with the config type it takes, so a caller holding only a name can build that config from a run
-config (`credit_config_type(name).from_config(run_config)`). Shipped:
+config (`credit_config_type(name).from_config(run_config)`). Each is registered under its algorithm's name; the
+function that computes it is named `<name>_targets`. Shipped:
 
-  mgrpo_targets  M-GRPO's hierarchical targets: main rows z-scored over K, sub rows over the aligned K * D pool
-                 (`TargetsConfig`, mgrpo_jax/core/mgrpo.py);
-  matpo          MATPO's: planner rewards over K only, each worker call gets its parent's advantage, per raw call
-                 [Q, K, C] with no alignment (`MatpoConfig`, mgrpo_jax/core/matpo.py).
+  mgrpo   M-GRPO's hierarchical targets (`mgrpo_targets`): main rows z-scored over K, sub rows over the aligned
+          K * D pool (`TargetsConfig`, mgrpo_jax/core/mgrpo.py);
+  matpo   MATPO's (`matpo_targets`): planner rewards over K only, each worker call gets its parent's advantage,
+          per raw call [Q, K, C] with no alignment (`MatpoConfig`, mgrpo_jax/core/matpo.py).
 
 A new one:
 
@@ -58,5 +59,5 @@ def available_credits() -> list[str]:
     return _CREDITS.names()
 
 
-register_credit("mgrpo_targets", config_type=TargetsConfig)(mgrpo_targets)
+register_credit("mgrpo", config_type=TargetsConfig)(mgrpo_targets)
 register_credit("matpo", config_type=MatpoConfig)(matpo_targets)

@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 
+from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.env.questions import filter_low_success
 from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.runtime import files
@@ -58,3 +59,22 @@ def filter_curriculum(config, env, engine, workdir: str, write: bool = True) -> 
     log.info("stage-2 curriculum: kept %d of %d questions (mean success %.3f)", len(kept), len(pool),
              summary["mean_success"])
     return kept, summary
+
+
+class QuestionFeed:
+    """The questions a run trains on (`questions`: its stage's, or the curriculum's kept ones) and the seeded,
+    resumable order it serves them in, `rollout.queries` at a time (`iterator`: a Grain iterator with state)."""
+
+    def __init__(self, config, env, workdir: str):
+        self.config, self.env, self.workdir = config, env, workdir
+        self._serve(training_questions(config, env, workdir))
+
+    def _serve(self, questions: list) -> None:
+        self.questions = questions
+        self.iterator = question_iterator(questions, batch_size=self.config.rollout.queries, seed=self.config.seed)
+
+    def filter(self, engine, write: bool) -> dict:
+        """Keeps the questions `engine`'s system finds hard (`filter_curriculum`) and serves those from the start."""
+        kept, summary = filter_curriculum(self.config, self.env, engine, self.workdir, write=write)
+        self._serve(kept)
+        return summary

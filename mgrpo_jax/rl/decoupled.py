@@ -1,12 +1,12 @@
 """Decoupled mode: the main and the sub agent as two jobs sharing nothing but the store. Both run the same loop as
-a colocated run (`Trainer(config, workdir, role="main" | "sub")`, mgrpo_jax/rl/trainer.py), each holding one
+a colocated run (`Trainer(config, workdir, job="main" | "sub")`, mgrpo_jax/rl/trainer.py), each holding one
 side (mgrpo_jax/rl/sides.py), over a store exchange instead of the in-process one.
 
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=main --workdir=runs/x --config.store=URL
     python launch/tpu_run.py --config=experiments/xbench.py:local --role=sub  --workdir=runs/x --config.store=URL
 
-URL is `file:///shared/path` or `gs://bucket/prefix`; each role keeps its checkpoints, logs and metrics in its
-own `workdir/main` or `workdir/sub` and resumes from there on its own. Both roles take the same config.
+URL is `file:///shared/path` or `gs://bucket/prefix`; each job keeps its checkpoints, logs and metrics in its
+own `workdir/main` or `workdir/sub` and resumes from there on its own. Both jobs take the same config.
 
 One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
 

@@ -1,6 +1,6 @@
-"""What `launch/tpu_run.py` calls after flags and process setup: check the inputs, pick the role, build, run.
+"""What `launch/tpu_run.py` calls after flags and process setup: check the inputs, pick the job (--role), build, run.
 
-`check(config, workdir, role)` finds every problem of the user's inputs that shows before anything is built
+`check(config, workdir, job)` finds every problem of the user's inputs that shows before anything is built
 (the config, via `mgrpo_jax.config.validate`; a workdir that cannot be written; missing or malformed benchmark
 files) and raises it as a `UsageError`; `run` calls it first, and `launch/tpu_run.py` turns a `UsageError` into
 one `error:` message and exit status 2.
@@ -95,22 +95,22 @@ def check_benchmark_files(config) -> int:
     return len(records)
 
 
-def role_agents(config, role: str) -> tuple[str, ...]:
-    """The agents a job of `role` holds: all of the mode's (colocated), or its own side of the decoupled mode."""
+def job_agents(config, job: str) -> tuple[str, ...]:
+    """The agents a job of `job` holds: all of the mode's (colocated), or its own side of the decoupled mode."""
 
 
     names = agent_names(config.mode)
-    return {"main": names[:1], "sub": names[1:]}.get(role, names)
+    return {"main": names[:1], "sub": names[1:]}.get(job, names)
 
 
-def check_init_from(config, role: str = "colocated") -> None:
+def check_init_from(config, job: str = "colocated") -> None:
     """Each agent's `init_from` (if set) is a Hugging Face checkpoint folder the model code can represent: its
     config.json, safetensors and tokenizer files are there, and `config_from_hf` accepts the config."""
     from etils import epath
 
     from mgrpo_jax.model.checkpoint_hf import config_from_hf
 
-    for name in role_agents(config, role):
+    for name in job_agents(config, job):
         source = config[name].get("init_from")
         if not source:
             continue
@@ -128,34 +128,34 @@ def check_init_from(config, role: str = "colocated") -> None:
                              f"({type(e).__name__}: {e})") from None
 
 
-def check_meshes(config, role: str = "colocated") -> None:
+def check_meshes(config, job: str = "colocated") -> None:
     """Each agent's mesh fits the devices it gets (needs JAX's backend: run after `jax.distributed`)."""
 
 
     try:
-        agent_mesh_devices(config, role_agents(config, role))
+        agent_mesh_devices(config, job_agents(config, job))
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def check(config, workdir: str, role: str = "colocated") -> None:
+def check(config, workdir: str, job: str = "colocated") -> None:
     """Every problem of the inputs that shows before anything is built, as a `UsageError`: the config's
     (`validate`, all listed in one message), then the workdir's, the benchmark files' and the `init_from`
     checkpoints'. `execute` adds the meshes' (they need the devices)."""
     try:
-        validate(config, role)
+        validate(config, job)
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_workdir(workdir)
     check_benchmark_files(config)
-    check_init_from(config, role)
+    check_init_from(config, job)
 
 
-def log_to_file(workdir: str, role: str = "colocated") -> str | None:
-    """Every log record from here on also goes to `<workdir>/run.log` (`<workdir>/<role>/run.log` for a job of the
+def log_to_file(workdir: str, job: str = "colocated") -> str | None:
+    """Every log record from here on also goes to `<workdir>/run.log` (`<workdir>/<job>/run.log` for a job of the
     decoupled mode), appended to across resumes, one line each: the progress bars' figures without the bars.
     Returns its path."""
-    folder = files.as_path(workdir) / role if role in ("main", "sub") else files.as_path(workdir)
+    folder = files.as_path(workdir) / job if job in ("main", "sub") else files.as_path(workdir)
     handler = files.LogFileHandler(folder / LOG_FILE, level=logging.INFO)  # not the libraries' DEBUG records
     logging.getLogger().addHandler(handler)
     return handler.baseFilename
@@ -179,15 +179,15 @@ def enable_compilation_cache(workdir: str) -> str | None:
 AT_ONCE = "interrupted at once"  # execute's status after a second Ctrl-C (summary.json says interrupted)
 
 
-def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
+def execute(config, workdir: str, job: str = "colocated") -> tuple[dict, str]:
     """(the last step's metrics, the run's status: finished, interrupted, preempted, stopped, or `AT_ONCE`).
     `colocated`: both agents in this job. `main` / `sub`: one side of the decoupled mode (decoupled.py)."""
-    check(config, workdir, role)  # bad inputs fail here, before anything is built
-    check_meshes(config, role)
+    check(config, workdir, job)  # bad inputs fail here, before anything is built
+    check_meshes(config, job)
     enable_compilation_cache(workdir)
     from mgrpo_jax.rl.trainer import Trainer
 
-    trainer = Trainer(config, workdir, role)  # an unknown role is a ValueError naming the three
+    trainer = Trainer(config, workdir, job)  # an unknown job is a ValueError naming the three
     from mgrpo_jax.agent import export  # each agent as an HF checkpoint: recorded now, exported when finished
     from mgrpo_jax.runtime.metrics import update_summary_files
 
@@ -197,7 +197,7 @@ def execute(config, workdir: str, role: str = "colocated") -> tuple[dict, str]:
         export.export_agents(trainer)
         if trainer.is_main_process:
             update_summary_files(trainer.workdir)
-    log.info("%s (%s): %s", trainer.status, role,
+    log.info("%s (%s): %s", trainer.status, job,
              {k: round(v, 4) for k, v in summary.items() if k.endswith(("/reward", "/accuracy")) and v is not None})
     if trainer.is_main_process:
         log.info("outputs:\n%s", "\n".join(f"  {label:<12} {path}" for label, path in outputs(trainer.workdir)))
@@ -215,6 +215,6 @@ def outputs(workdir: str) -> list[tuple[str, str]]:
     return [(label, str(path)) for label, path in paths if path.exists()]
 
 
-def run(config, workdir: str, role: str = "colocated") -> dict:
+def run(config, workdir: str, job: str = "colocated") -> dict:
     """`execute`'s metrics."""
-    return execute(config, workdir, role)[0]
+    return execute(config, workdir, job)[0]

@@ -113,7 +113,7 @@ class MainSide(RemoteMain):
 
     def __init__(self, learner, engine, env, config, workdir: str, transcripts: int):
         self.learner, self.engine, self.env, self.config = learner, engine, env, config
-        self.role = agent_names(config.mode)[0]  # its figures' prefix (the learner may serve both roles)
+        self.agent = agent_names(config.mode)[0]  # its figures' prefix (the learner may serve both agents)
         self.transcripts_path, self.transcripts = evaluation.transcripts_path(workdir), transcripts
 
     @property
@@ -146,7 +146,7 @@ class MainSide(RemoteMain):
     def rows(self, collected: MainStep, targets, stats: dict, step: int) -> tuple[dict, dict]:
         """The agent's Q*K rows with their advantages, and its reward figures."""
         learner = self.learner
-        metrics = {f"{self.role}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok",
+        metrics = {f"{self.agent}/{k}": stats[f"main_{k}"] for k in ("reward", "correct", "format_ok",
                                                                        "zero_std_groups")}
         top = collected.rollout.top
         length = batches.bucket_length([len(e.tokens) for row in top for e in row], learner.config.context_tokens)

@@ -1,18 +1,11 @@
-"""The M-GRPO run: warm start, then RL steps of the whole system, with hooks for evaluation, logs and checkpoints.
-`Trainer(config, workdir).run()` resumes from the workdir's latest checkpoint if there is one.
+"""The M-GRPO run: warm start, then RL steps of the whole system, with hooks (mgrpo_jax/rl/hooks.py) for
+evaluation, logs and checkpoints. `Trainer(config, workdir).run()` resumes from the workdir's latest checkpoint.
 
-One RL step (`rl_step`), the same for every mode and for both jobs of the decoupled mode, over two sides
-(mgrpo_jax/rl/sides.py) and an exchange (mgrpo_jax/rl/exchange.py):
-  collect   the main side's Q questions -> Q*K whole-system rollouts -> the judges' arrays; the sub side's view of
-            them (by reference, or in the decoupled sub job served through the shared store, rl/decoupled.py);
-  credit    `config.credit` (mgrpo_jax/core/credit.py; by default `mgrpo_targets`, mgrpo_jax/core/mgrpo.py):
-            rewards, alignment and advantages of both agents in one jitted call;
-  rows      each side's batch rows: the main agent's Q*K rows; the sub-agent's Q*K*D aligned rows (`mgrpo`),
-            FIFO chunks (`mgrpo_unsync`) or none (`frozen_sub`);
-  update    each side's learner (a shared-policy mode: one pooled update); new weights to the samplers.
-Modes: `mgrpo`, `frozen_sub`, `single_agent`, `mgrpo_unsync`, and the shared-policy modes `matpo` (one model serves
-the planner and worker, MATPO's credit) and `shared_mgrpo` (the same model with M-GRPO's credit). Jobs: `colocated`
-holds both sides; the decoupled mode's `main` and `sub` jobs hold one each; a shared-policy mode runs colocated.
+One RL step (`rl_step`), the same in every mode and job, over two sides (mgrpo_jax/rl/sides.py) and an exchange
+(mgrpo_jax/rl/exchange.py): collect (the main side's Q*K whole-system rollouts and the judges' arrays; the sub side's
+view of them) -> credit (`config.credit`, mgrpo_jax/core/credit.py: both agents' advantages in one jitted call) ->
+rows (each side's batches) -> update (each side's learner, or one pooled update of a shared model). Modes and jobs:
+mgrpo_jax/config.py and mgrpo_jax/rl/decoupled.py.
 """
 
 from __future__ import annotations
@@ -25,13 +18,13 @@ import jax
 
 from mgrpo_jax.config import credit_name
 from mgrpo_jax.core import credit_config_type, get_credit
-from mgrpo_jax.env.pipeline import question_iterator
 from mgrpo_jax.rl import curriculum, decoupled, evaluation, sides, warmstart
 from mgrpo_jax.rl.hooks import EVALUATE, SAVE, WRITE, Hooks, StepInfo
+from mgrpo_jax.rl.run_state import RunState, report_stop
 from mgrpo_jax.rl.system import JOBS
-from mgrpo_jax.runtime import checkpoint, files
-from mgrpo_jax.runtime.checkpoint import Checkpointer, PreemptionGuard, init_from_checkpoint
-from mgrpo_jax.runtime.metrics import MetricWriter, read_summary, write_summary
+from mgrpo_jax.runtime import files
+from mgrpo_jax.runtime.checkpoint import CHECKPOINTS, Checkpointer, PreemptionGuard, abandon_saves, init_from_checkpoint
+from mgrpo_jax.runtime.metrics import MetricWriter, read_summary
 from mgrpo_jax.runtime.progress import RunProgress
 from mgrpo_jax.runtime.seeds import derive_seed
 from mgrpo_jax.store import open_store
@@ -40,31 +33,29 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """One job of a run: `role` colocated (both sides here) or one side of the decoupled mode, `main` or `sub`,
-    which keeps its files in `workdir/main` or `workdir/sub`. `hooks`: what runs after each step."""
+    """One job of a run (`job`, the launcher's --role): colocated, or the decoupled mode's `main` / `sub`."""
 
-    def __init__(self, config, workdir: str, role: str = "colocated"):
-        if role not in JOBS:
-            raise ValueError(f"unknown role {role!r}: expected one of {tuple(JOBS)}")
-        workdir = workdir if role == "colocated" else os.path.join(workdir, role)
-        self.config, self.role, self.step, self.warm_started = config, role, 0, config.warmstart.steps == 0
+    def __init__(self, config, workdir: str, job: str = "colocated"):
+        if job not in JOBS:
+            raise ValueError(f"unknown job (--role) {job!r}: expected one of {tuple(JOBS)}")
+        workdir = workdir if job == "colocated" else os.path.join(workdir, job)
+        self.config, self.job, self.step, self.warm_started = config, job, 0, config.warmstart.steps == 0
         self.workdir = workdir if "://" in workdir else os.path.abspath(workdir)  # Orbax needs absolute paths
-        self.is_main_process = jax.process_index() == 0
+        self.is_main_process, self.status, self.at_once = jax.process_index() == 0, "stopped", False
         files.as_path(self.workdir).mkdir(parents=True, exist_ok=True)
         start, store = time.perf_counter(), open_store(config.store)
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
-        self.exchange, self.system = decoupled.job_system(config, role, self.workdir, store,
+        self.exchange, self.system = decoupled.job_system(config, job, self.workdir, store,
                                                           resuming=self.checkpointer.latest_step() is not None)
         self.writer, self.progress = MetricWriter(self.workdir, self.is_main_process, console=False), RunProgress(False)
         self.credit = get_credit(credit_name(config))
         self.targets_config = credit_config_type(credit_name(config)).from_config(config)
-        self.questions = curriculum.training_questions(config, self.env, self.workdir)
-        self.iterator = question_iterator(self.questions, batch_size=config.rollout.queries, seed=config.seed)
-        serving = decoupled.serving(self.exchange, config, self.workdir, self.system) if role == "sub" else None
+        self.feed = curriculum.QuestionFeed(config, self.env, self.workdir)
+        serving = decoupled.serving(self.exchange, config, self.workdir, self.system) if job == "sub" else None
         pair = sides.build_sides(config, self.agents, self.engine, self.env, store, self.workdir,
                                  self.is_main_process, serving)
-        self.sides, self.main, self.sub = pair, pair.main, pair.sub
-        self.hooks = Hooks()
+        self.sides, self.main, self.sub, self.hooks = pair, pair.main, pair.sub, Hooks()
+        self.state = RunState(self.checkpointer, self.learners, self.feed, self.sub)
         if config.train.eval_every:
             self.hooks.add(lambda info: self.evaluate(), every=config.train.eval_every, order=EVALUATE)
         self.hooks.add(lambda info: self.writer.write(info.step, info.metrics), order=WRITE)
@@ -78,15 +69,12 @@ class Trainer:
 
     def warm_start(self, guard: PreemptionGuard | None = None) -> bool:
         self.warm_started = warmstart.WarmStart(self.config, self.agents, self.env, self.engine, self.writer,
-                                                self.workdir, check_format=self.role == "colocated").run(
+                                                self.workdir, check_format=self.job == "colocated").run(
             self.progress, guard)
         return self.warm_started
 
     def filter_curriculum(self) -> dict:
-        self.questions, summary = curriculum.filter_curriculum(self.config, self.env, self.engine, self.workdir,
-                                                               write=self.is_main_process)
-        self.iterator = question_iterator(self.questions, batch_size=self.config.rollout.queries, seed=self.config.seed)
-        return summary
+        return self.feed.filter(self.engine, write=self.is_main_process)
 
     def init_from_checkpoint(self, path: str) -> int:
         """Every agent here from another run's latest checkpoint (stage 2 from stage 1); returns its step."""
@@ -94,17 +82,17 @@ class Trainer:
         return init_from_checkpoint(path, self.learners)
 
     def evaluate(self) -> dict:  # the held-out sets run the whole system
-        if self.role != "colocated":
+        if self.job != "colocated":
             return {}
         blind = self.system.blind_engine() if self.config.train.eval_blind else None
         return evaluation.evaluate(self.config, self.env, self.engine, self.step, self.progress, blind)
 
-    def rl_step(self) -> dict | None:
-        """One step of the sides this job holds, then `step` + 1; None (the step not advanced) when the main job
-        finished without this step."""
+    def rl_step(self, update: bool = True) -> dict | None:
+        """One step of the sides this job holds, then `step` + 1; None (not advanced) when the main job finished
+        first. `update=False`: no update, the rows kept in `self.dry_rows` (main, sub) for a diagnosis."""
         t0, step, main, sub = time.perf_counter(), self.step, self.main, self.sub
         metrics = self.exchange.before_step(step, main.version)
-        collected = main.collect(step, next(self.iterator))
+        collected = main.collect(step, next(self.feed.iterator))
         sub_version = sub.version  # the policy that serves this step's calls
         data = sub.collect(step, collected)
         if data is None:
@@ -119,7 +107,10 @@ class Trainer:
         sub_figures, sub_rows = sub.rows(data, targets, stats, step)
         metrics.update({**main_figures, **sub_figures})
         t2 = time.perf_counter()
-        metrics.update(self.sides.update(main_rows, sub_rows))
+        if update:
+            metrics.update(self.sides.update(main_rows, sub_rows))
+        else:
+            self.dry_rows = (main_rows, sub_rows)
         self.exchange.commit(step, sub_version, int(metrics.get("sub/served", 0)))
         self.exchange.end_step(step)
         t3 = time.perf_counter()
@@ -127,41 +118,24 @@ class Trainer:
         self.step += 1
         return sides.step_timings(metrics, t0, t1, t2, t3)
 
-    def host_state(self) -> dict:
-        return {"step": self.step, "iterator": self.iterator.get_state(), "warm_started": self.warm_started,
-                "fifo_offset": 0, **self.sub.state()}
-
-    def _items(self) -> dict:
-        return {k: v for agent in self.learners.values() for k, v in agent.checkpoint_items().items()}
-
     def save(self, force: bool = False) -> None:
-        self.checkpointer.save(self.step, self._items(), self.host_state(), force=force)
+        self.state.save(self.step, self.warm_started, force=force)
 
     def _save_hook(self, info: StepInfo) -> None:
         self.save(force=info.last)
         self.sub.after_save(self.checkpointer.all_steps())
 
     def restore(self) -> bool:
-        # The current states are the restore targets: their shapes and shardings place the restored arrays.
-        restored = self.checkpointer.restore_latest(self._items())
-        if restored is None:
-            return False
-        _, states, host = restored
-        for agent in self.learners.values():
-            agent.load_checkpoint_items(states)
-        self.step, self.warm_started = int(host["step"]), bool(host["warm_started"])
-        self.iterator.set_state(host["iterator"])
-        self.sub.load_state(host)
-        self.writer.truncate_after(self.step)
-        log.info("resumed from step %d", self.step)
-        return True
+        restored = self.state.restore()
+        if restored is not None:
+            self.step, self.warm_started = restored
+            self.writer.truncate_after(self.step)
+        return restored is not None
 
     def run(self) -> dict:
-        """Warm start (or resume), RL steps and their hooks; returns the last step's metrics. A finished run is
-        left as it is. `self.status` ends as finished, interrupted (Ctrl-C), preempted (SIGTERM) or stopped (the
-        main job finished first); every stop writes `summary.json`. A second Ctrl-C stops at once: the checkpoint
-        being written is dropped, so the newest complete one is the resume point, and `self.at_once` is set (the
-        launcher then exits without waiting for Orbax's threads)."""
+        """Warm start (or resume), RL steps and their hooks; returns the last step's metrics. `self.status` ends as
+        finished, interrupted (Ctrl-C; a second one stops at once, dropping the save in flight, and sets
+        `self.at_once`), preempted (SIGTERM) or stopped (the main job finished first)."""
         cfg, summary, start, self.status, self.at_once = self.config, {}, time.time(), "stopped", False
         try:
             with PreemptionGuard() as guard, RunProgress(self.is_main_process) as self.progress:
@@ -183,22 +157,14 @@ class Trainer:
             self.checkpointer.wait()
         except KeyboardInterrupt:
             self.status, self.at_once = "interrupted", True
-            checkpoint.abandon_saves(self.workdir, (checkpoint.CHECKPOINTS, warmstart.CHECKPOINTS))
+            abandon_saves(self.workdir, (CHECKPOINTS, warmstart.CHECKPOINTS))
         if self.step >= cfg.train.steps and self.warm_started:  # a warm-start-only run (steps 0) cut short is not
             self.status = "finished"
-        resume = checkpoint.resume_points(self.workdir, {"checkpoint": checkpoint.CHECKPOINTS,
-                                                         "warmstart_checkpoint": warmstart.CHECKPOINTS})
-        if self.is_main_process:  # the sub job has no figure: the main job's has its rewards
-            curves = [f"{self.top_name}/reward", "sub/reward"] if self.top_name in self.agents else []
-            write_summary(self.workdir, summary, curves, {"status": self.status, "step": self.step, "mode": cfg.mode,
-                                                          "resume_from": resume, "wall_time_s": time.time() - start,
-                                                          "config": cfg},
-                          title=f"{cfg.benchmark}, {cfg.preset} preset, {cfg.mode} ({self.status} at step {self.step})")
+        curves = [f"{self.top_name}/reward", "sub/reward"] if self.top_name in self.agents else []
+        report_stop(cfg, self.workdir, summary, self.status, self.step, at_once=self.at_once, started=start,
+                    curves=curves, write=self.is_main_process)
         if self.status == "finished":
             self.exchange.finish(self.step)
-        elif self.status in ("interrupted", "preempted"):
-            log.warning("%s: %s; run the same command to resume", self.status,
-                        checkpoint.describe_resume(resume, self.at_once))
         return summary
 
     def first_checkpoint(self) -> None:
@@ -206,7 +172,7 @@ class Trainer:
         cfg = self.config
         if self.top_name in self.agents and cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
             self.filter_curriculum()
-        if cfg.train.eval_at_start and self.role == "colocated":
+        if cfg.train.eval_at_start and self.job == "colocated":
             self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
         self.save(force=True)
         self.checkpointer.wait()

@@ -43,7 +43,7 @@ class WarmStart:
     check runs the whole system), and where it writes (its metric log, its checkpoints under `workdir`)."""
 
     config: object
-    learners: dict  # {role: Learner}; a shared-policy mode's two roles are one learner, cloned on both roles' demos
+    learners: dict  # {agent: Learner}; a shared-policy mode's two agents are one learner, cloned on both agents' demos
     env: object
     engine: object
     writer: object  # MetricWriter
@@ -52,7 +52,7 @@ class WarmStart:
 
     def __post_init__(self):
         self.models = distinct_learners(self.learners)  # {learner name: Learner}: what trains
-        self.roles = {name: [role for role, agent in self.learners.items() if agent is model]
+        self.agents_of = {name: [agent for agent, learner in self.learners.items() if learner is model]
                       for name, model in self.models.items()}
 
     def demonstrations(self, agent: str, count: int, seed: int) -> list:
@@ -104,16 +104,16 @@ class WarmStart:
         return shares, float(np.mean(correct))
 
     def _clone(self, name: str, agent) -> types.SimpleNamespace:
-        """A learner's warm-start progress, fresh: the SFT optimizer, its roles' demonstrations (`warmstart.examples`
-        per role) and its batch order."""
+        """A learner's warm-start progress, fresh: the SFT optimizer, its agents' demonstrations (`warmstart.examples`
+        per agent) and its batch order."""
         cfg = self.config
         steps = agent.config.warmstart_steps or cfg.warmstart.steps
         sft_cfg = agent.config.sft.copy_and_resolve_references()
         sft_cfg.total_steps = sft_cfg.total_steps or steps  # decay over the whole warm start
         agent.start_sft(sft_cfg)
-        examples = [example for role in self.roles[name]
-                    for example in self.demonstrations(role, cfg.warmstart.examples,
-                                                       derive_seed(cfg.seed, "demos", role))]
+        examples = [example for shown in self.agents_of[name]
+                    for example in self.demonstrations(shown, cfg.warmstart.examples,
+                                                       derive_seed(cfg.seed, "demos", shown))]
         return types.SimpleNamespace(steps=steps, done=0, losses=[], finished=False, examples=examples,
                                      rng=np.random.default_rng(derive_seed(cfg.seed, "sft", name)))
 
@@ -185,11 +185,11 @@ class WarmStart:
             if cfg.check_every and self.check_format:
                 rates, correct = self.greedy_format()
                 for name in active:
-                    roles = self.roles[name]
-                    rate = min(rates[role] for role in roles)  # a shared model keeps the protocol in both roles
+                    served = self.agents_of[name]
+                    rate = min(rates[a] for a in served)  # a shared model keeps the protocol as both agents
                     record = {f"warmstart/{name}/format_ok": rate, f"warmstart/{name}/correct": correct}
-                    if len(roles) > 1:
-                        record.update({f"warmstart/{name}/{role}/format_ok": rates[role] for role in roles})
+                    if len(served) > 1:
+                        record.update({f"warmstart/{name}/{a}/format_ok": rates[a] for a in served})
                     self.writer.write(clones[name].done, record, prefix_step="warmstart")
                     log.info("warm start %s: step %d, loss %.3f, greedy format %.2f (system correct %.2f)", name,
                              clones[name].done, clones[name].losses[-1], rate, correct)

@@ -11,6 +11,7 @@ from mgrpo_jax.store.errors import (
     TransientStoreError,
 )
 from mgrpo_jax.store.fifo import Fifo, FifoConsumer
+from mgrpo_jax.store.kv import StoreObserver, observe
 from mgrpo_jax.store.records import Record, parse_record_id, record_id
 from mgrpo_jax.store.retry import PollPolicy, RetryPolicy
 from mgrpo_jax.store.store import StepView, StepWriter, Store, open_store
@@ -30,9 +31,11 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreLocation",
+    "StoreObserver",
     "StoreTimeout",
     "TaskQueue",
     "TransientStoreError",
+    "observe",
     "open_store",
     "parse_record_id",
     "parse_store_url",

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorstore as ts
 
+from mgrpo_jax.store import kv as _kv
 from mgrpo_jax.store.errors import CorruptRecordError
 from mgrpo_jax.store.kv import KV, shared_context
 
@@ -85,6 +86,9 @@ def write_array(kv: KV, key: str, arr: np.ndarray) -> None:
             dst = ts.open(spec, create=True, context=shared_context()).result()
         dst.write(arr).result()
 
+    if _kv._OBSERVERS:
+        for observer in tuple(_kv._OBSERVERS):
+            observer.on_array_write(key, arr.nbytes)
     kv._retry(attempt, "array write", key + "/")
 
 
@@ -115,4 +119,7 @@ def read_array(kv: KV, key: str, meta: dict) -> np.ndarray:
             url=kv.url,
             key=key + "/",
         )
+    if _kv._OBSERVERS:
+        for observer in tuple(_kv._OBSERVERS):
+            observer.on_array_read(key, arr.nbytes)
     return arr

@@ -3,10 +3,14 @@
 Adds: retries of transient errors, errors that name URL + key, conditional create ("first writer wins"),
 range listing that filters client-side (so a server that ignores list offsets cannot widen it), and deletes
 that only ever name single keys inside the root or bounded ranges on drivers that honour them.
+
+I/O can be watched through :func:`observe` (a :class:`StoreObserver` told of every read, write, delete and
+listing at the KV seams, and of every array written or read); benchmarks count the store's traffic that way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -53,6 +57,65 @@ def shared_context() -> ts.Context:
         return _CONTEXT
 
 
+class StoreObserver:
+    """Told of the store's I/O while registered through :func:`observe`; override the hooks of interest.
+
+    Hooks run on the thread that does the I/O, for every store handle in the process. Keys are relative to
+    the store's root. Each attempt counts: a retried operation is reported once per attempt.
+    """
+
+    def on_read(self, key: str, value: bytes | None) -> None:
+        """A single-key read completed (reported when its result is taken); ``value`` None: the key was missing."""
+
+    def on_write(self, key: str, value: bytes | None) -> None:
+        """A single-key write (conditional or not) was issued; ``value`` None: a delete. Range deletes (file://
+        and memory:// garbage collection) are not reported."""
+
+    def on_list(self, lo: str, hi: str) -> None:
+        """A listing of the key range ``[lo, hi)`` was issued."""
+
+    def on_array_write(self, key: str, nbytes: int) -> None:
+        """An array of ``nbytes`` bytes is being written under ``key/`` (``arrays.write_array``)."""
+
+    def on_array_read(self, key: str, nbytes: int) -> None:
+        """An array of ``nbytes`` bytes was read and checked from ``key/`` (``arrays.read_array``)."""
+
+
+# The registered observers. The I/O paths test this list's truthiness only, so with none registered observing
+# costs one check per operation.
+_OBSERVERS: list[StoreObserver] = []
+
+
+@contextlib.contextmanager
+def observe(observer: StoreObserver):
+    """Registers ``observer`` for the store I/O of this process while the block runs; yields it.
+
+    Observers may nest (each is told of everything while registered). A read issued inside the block is
+    reported to it when its result is taken, even if that happens after the block.
+    """
+    _OBSERVERS.append(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.remove(observer)
+
+
+class _ObservedRead:
+    """A read future that tells the observers registered when it was issued of its result."""
+
+    __slots__ = ("_future", "_key", "_observers")
+
+    def __init__(self, future, key: str, observers: tuple[StoreObserver, ...]):
+        self._future, self._key, self._observers = future, key, observers
+
+    def result(self):
+        out = self._future.result()
+        value = None if out.state == "missing" else out.value
+        for observer in self._observers:
+            observer.on_read(self._key, value)
+        return out
+
+
 def key_range_after(prefix: str) -> str:
     """The smallest key greater than every key that starts with ``prefix`` (exclusive upper bound)."""
     raw = prefix.encode()
@@ -86,14 +149,23 @@ class KV:
 
         return call_with_retry(fn, self.retry, giveup)
 
-    # Every I/O goes through these three (the seam tests use to inject failures). They return futures.
+    # Every I/O goes through these three (the seam tests use to inject failures, and where observers are
+    # told). They return futures.
     def _start_read(self, key: str):
+        if _OBSERVERS:
+            return _ObservedRead(self._kv.read(key), key, tuple(_OBSERVERS))
         return self._kv.read(key)
 
     def _start_write(self, key: str, value: bytes | None, if_equal: bytes | None = None):
+        if _OBSERVERS:
+            for observer in tuple(_OBSERVERS):
+                observer.on_write(key, value)
         return self._kv.write(key, value, if_equal=if_equal)
 
     def _start_list(self, lo: str, hi: str):
+        if _OBSERVERS:
+            for observer in tuple(_OBSERVERS):
+                observer.on_list(lo, hi)
         return self._kv.list(ts.KvStore.KeyRange(lo, hi))
 
     def _raw_read(self, key: str):

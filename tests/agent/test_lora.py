@@ -15,7 +15,7 @@ from mgrpo_jax.agent.state import create_agent_state
 from mgrpo_jax.config import base_config, validate
 from mgrpo_jax.model import Transformer, token_logprobs
 from mgrpo_jax.model.lora import PROJECTIONS, lora_delta, lora_spec, merge_adapters
-from tests.agent.conftest import make_batch
+from tests.conftest import make_batch
 from tests.rl.test_behaviour_logprobs import on_policy_batch
 
 TOKENIZER = types.SimpleNamespace(vocab_size=64, pad_id=0)

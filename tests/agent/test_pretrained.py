@@ -121,7 +121,7 @@ def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
 
     # A sampled episode: its first teacher-forced log-probs are transformers' on the same ids (to 1e-5), and it
     # decodes to the text the environment wrote and the agent sampled.
-    batch = trainer.engine.run(trainer.questions[:1], 1, seed=0)
+    batch = trainer.engine.run(trainer.feed.questions[:1], 1, seed=0)
     episode = batch.top[0][0]
     tokens = np.asarray(episode.tokens, np.int32)[None]
     ours = np.asarray(token_logprobs(model_from_state(main.graphdef, main.state), jnp.asarray(tokens),
@@ -132,7 +132,7 @@ def test_smoke_run_from_a_qwen3_checkpoint_and_its_export(qwen3_dir, tmp_path):
     assert np.abs(np.asarray(episode.logprobs)[trained] - ours[trained[1:]]).max() < 1e-4  # the sampler's
     text = main.tokenizer.decode(episode.tokens)
     assert text.startswith(f"<|im_start|>{SYSTEM}\n{trainer.engine.top.system_prompt}<|im_end|>\n<|im_start|>user\n")
-    assert trainer.questions[0].text in text and all(turn in text for turn in episode.turns)
+    assert trainer.feed.questions[0].text in text and all(turn in text for turn in episode.turns)
     for sub_episode in episode.subs:  # the task crossed as text, tokenized by the sub-agent's own tokenizer
         assert sub_episode.call["task"] in sub.tokenizer.decode(sub_episode.tokens)
 

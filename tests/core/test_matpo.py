@@ -161,15 +161,15 @@ def test_workers_inherit_their_parents_advantage_and_groups_are_centred(arrays):
 
 
 def test_registry_ships_both_credits_and_names_them_on_an_unknown_name():
-    assert {"matpo", "mgrpo_targets"} <= set(available_credits())
-    assert get_credit("matpo") is matpo_targets and get_credit("mgrpo_targets") is mgrpo_targets
-    assert credit_config_type("matpo") is MatpoConfig and credit_config_type("mgrpo_targets") is TargetsConfig
+    assert {"matpo", "mgrpo"} <= set(available_credits())
+    assert get_credit("matpo") is matpo_targets and get_credit("mgrpo") is mgrpo_targets
+    assert credit_config_type("matpo") is MatpoConfig and credit_config_type("mgrpo") is TargetsConfig
     with pytest.raises(KeyError, match="unknown credit assignment 'coma'; registered credit assignments: .*matpo"):
         get_credit("coma")
-    with pytest.raises(KeyError, match="mgrpo_targets"):
+    with pytest.raises(KeyError, match="mgrpo"):
         credit_config_type("coma")
     # Every registered credit takes (arrays, key, config) and returns the same Targets fields.
-    for name in ("matpo", "mgrpo_targets"):
+    for name in ("matpo", "mgrpo"):
         t = get_credit(name)(_hand_arrays(), KEY, credit_config_type(name)())
         assert t.main_advantages.shape == (2, 4) and t.sub_advantages.ndim == 3
 

@@ -55,8 +55,8 @@ class DelegateFirst:
 _init = Trainer.__init__
 
 
-def _scripted_init(self, config, workdir, role="colocated"):
-    _init(self, config, workdir, role)
+def _scripted_init(self, config, workdir, job="colocated"):
+    _init(self, config, workdir, job)
     if self.engine.top.sampler is not None and self.engine.top.can_delegate:
         self.engine.top.sampler = DelegateFirst(self.engine.top.sampler, self.tokenizer)
 

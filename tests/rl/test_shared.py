@@ -25,7 +25,7 @@ def test_the_matpo_mode_takes_matpo_credit_and_loss_and_pools_its_batch():
     q, k, c, d = (config.rollout.queries, config.rollout.samples, config.rollout.max_sub_calls, config.rollout.d_max)
     assert rl_batch_rows(config, "main") == q * k + q * k * c  # MATPO: a row per possible call, no alignment
     shared = get_config("xbench", "figures,shared_mgrpo")
-    assert credit_name(shared) == "mgrpo_targets" and rl_batch_rows(shared, "main") == q * k + q * k * d
+    assert credit_name(shared) == "mgrpo" and rl_batch_rows(shared, "main") == q * k + q * k * d
     assert shared.main.loss_hparams.aggregation is None  # M-GRPO's own loss settings
     shared.credit = "matpo"  # a credit by name overrides the mode's
     assert credit_name(shared) == "matpo" and rl_batch_rows(shared, "main") == q * k + q * k * c
@@ -37,8 +37,8 @@ def test_a_shared_policy_mode_cannot_be_split_into_two_jobs(mode):
     config.store, config.rollout.counterfactual_share = "file:///tmp/store", 0.0
     message = f"mode='{mode}': --role=main: mode {mode} trains one model for both roles, which cannot be split"
     with pytest.raises(ValueError, match=message):
-        validate(config, role="main")
-    validate(config, role="colocated")
+        validate(config, job="main")
+    validate(config, job="colocated")
 
 
 def test_config_names_a_bad_credit_and_a_second_init_from():

@@ -139,7 +139,7 @@ def test_stage2_starts_from_the_stage1_checkpoint_with_a_filtered_curriculum(tmp
     assert [r["step"] for r in records if "step" in r] == [0, 1]
     assert "eval/eval_gaia/accuracy" in records[0]
     resumed = Trainer(config, str(tmp_path / "stage2"))  # a resumed run serves the same filtered questions
-    assert [q.id for q in resumed.questions] == curriculum["kept"]
+    assert [q.id for q in resumed.feed.questions] == curriculum["kept"]
 
 
 def test_init_checkpoint_without_a_checkpoint_is_a_clear_error(tmp_path):
@@ -189,7 +189,7 @@ def test_a_temperature_override_travels_with_the_episodes_and_trains_at_ratio_on
     config.warmstart.steps = 0
     assert config.rollout.temperature == 1.0
     trainer = Trainer(config, str(tmp_path))
-    questions = next(trainer.iterator)
+    questions = next(trainer.feed.iterator)
     rollout = trainer.engine.run(questions, config.rollout.samples, seed=3, temperature=0.7)
     assert {e.temperature for e in rollout.episodes()} == {0.7}
     # The main side's rows and update, from the override's rollout and its judges' arrays.

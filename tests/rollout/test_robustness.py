@@ -70,6 +70,17 @@ def compact():
     return _world("local", max_turn_tokens=24)
 
 
+def _build_engine(world: World, samplers: dict):
+    """`system.build_engine` over fake learners (a sampler, no tokenizer of their own) of the agents in `samplers`;
+    in the single-agent mode when they are the single agent's."""
+    config = world.config
+    if SINGLE in samplers:
+        config = config.copy_and_resolve_references()
+        config.mode = "single_agent"
+    learners = {name: types.SimpleNamespace(sampler=sampler, tokenizer=None) for name, sampler in samplers.items()}
+    return system.build_engine(config, world.tokenizer, world.env, learners)
+
+
 # -- a sampler that replays drawn model outputs ------------------------------------------------------------------
 
 
@@ -268,11 +279,11 @@ def _run(world, grammar: str, data, calls, junk) -> None:
     samplers = {}
     for agent in (MAIN, SUB, SINGLE):
         drawn = data.draw(st.lists(calls(agent), min_size=1, max_size=6), label=f"{agent} calls")
-        samplers[agent] = types.SimpleNamespace(sampler=ReplaySampler(world.tokenizer, drawn, junk))
+        samplers[agent] = ReplaySampler(world.tokenizer, drawn, junk)
     questions = world.env.questions.stage1[:QUESTIONS]
     seed = data.draw(st.integers(0, 100), label="seed")
-    multi = system.build_engine(world.config, world.tokenizer, world.env, {MAIN: samplers[MAIN], SUB: samplers[SUB]})
-    single = system.build_engine(world.config, world.tokenizer, world.env, {SINGLE: samplers[SINGLE]})
+    multi = _build_engine(world, {MAIN: samplers[MAIN], SUB: samplers[SUB]})
+    single = _build_engine(world, {SINGLE: samplers[SINGLE]})
     TURNS[grammar].append(0)
     for engine in (multi, single):
         _check(engine.run(questions, ROLLOUTS, seed=seed), world, grammar)
@@ -348,8 +359,7 @@ def test_regression_both_inputs_through_the_engine(chat):
     main = Script(chat.tokenizer, ['<think>x</think><tool_call>{"name": "reason", "arguments": '
                                    '{"problem": "(1,2) < 3"}}</tool_call>', SURROGATE_CALL % ("delegate", "task")])
     sub = Script(chat.tokenizer, [SURROGATE_CALL % ("search", "query")])
-    engine = system.build_engine(chat.config, chat.tokenizer, chat.env,
-                                 {MAIN: types.SimpleNamespace(sampler=main), SUB: types.SimpleNamespace(sampler=sub)})
+    engine = _build_engine(chat, {MAIN: main, SUB: sub})
     batch = engine.run(chat.env.questions.stage1[:1], 1)
     episode = batch.top[0][0]
     assert episode.end_reason == "answer" and len(episode.subs) == 1
@@ -402,7 +412,6 @@ def test_exceptions_outside_the_tool_call_still_raise(chat):
         def sample(self, prompts, **kwargs):
             raise RuntimeError("a sampler bug")
 
-    engine = system.build_engine(chat.config, chat.tokenizer, chat.env,
-                                 {SINGLE: types.SimpleNamespace(sampler=Broken())})
+    engine = _build_engine(chat, {SINGLE: Broken()})
     with pytest.raises(RuntimeError, match="a sampler bug"):
         engine.run(chat.env.questions.stage1[:1], 1)

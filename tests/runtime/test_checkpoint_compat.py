@@ -33,7 +33,7 @@ def test_checkpoint_from_before_the_restructuring_restores_and_trains_on(tmp_pat
     trainer = Trainer(config, str(workdir))
     fresh = jax.device_get(trainer.agents["main"].state.params)
     assert trainer.restore()
-    assert (trainer.step, trainer.warm_started, trainer.iterator.get_state()) == (1, True, {"next_index": 1})
+    assert (trainer.step, trainer.warm_started, trainer.feed.iterator.get_state()) == (1, True, {"next_index": 1})
     restored = {name: jax.device_get(agent.state) for name, agent in trainer.agents.items()}
     assert int(restored["main"].step) == 1 and int(restored["sub"].step) == 0  # one update of main, none of sub
     assert float(optax.tree.norm(restored["main"].params)) == pytest.approx(PARAM_NORM_AT_STEP_1, rel=1e-5)

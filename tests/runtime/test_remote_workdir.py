@@ -70,7 +70,7 @@ def test_a_gs_workdir_holds_every_file_and_resumes_from_the_bucket(gcs_emulator,
         curriculum = (bucket / "curriculum.json").read_text()
 
         resumed = Trainer(_stage2(steps=2), workdir)  # another invocation: restores from the bucket
-        assert [q.id for q in resumed.questions] == json.loads(curriculum)["kept"]
+        assert [q.id for q in resumed.feed.questions] == json.loads(curriculum)["kept"]
         resumed.run()
         resumed.writer.close()
         assert resumed.step == 2 and (bucket / "curriculum.json").read_text() == curriculum
