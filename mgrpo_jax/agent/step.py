@@ -81,6 +81,7 @@ from mgrpo_jax.agent.state import AgentState
 from mgrpo_jax.core.losses import PolicyLossInputs, get_loss
 from mgrpo_jax.model import gather_logprobs
 from mgrpo_jax.model.moe import load_balancing_loss, routing_metrics
+from mgrpo_jax.sampling.observe import observed
 from mgrpo_jax.sampling.sampler import sampling_logits
 
 BATCH_AXES = ("data", "fsdp")
@@ -313,6 +314,11 @@ class TrainStep:
         return self._counter[0]
 
     def __call__(self, state: AgentState, batch: dict):
+        """The step on ``batch``, reported as a ``train_step`` call to the observers of
+        :mod:`mgrpo_jax.sampling.observe` (benchmarks; with one registered, the call waits for its outputs)."""
+        return observed("train_step", lambda: self.trace_count, lambda: self._step(state, batch), block=True)
+
+    def _step(self, state: AgentState, batch: dict):
         if self.frozen is not None:
             return self.jitted(state, _place(batch, self.batch_sharding), self.frozen)
         return self.jitted(state, _place(batch, self.batch_sharding))

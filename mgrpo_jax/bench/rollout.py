@@ -27,10 +27,10 @@ running, so the first steps keep meeting new ones). Then ``--steps`` timed RL st
   alignment, advantages, batch assembly), ``training_s`` (train steps + weight hand-off), ``other_s``
   (the rest of the step: the rollout engine's bookkeeping between turns, question iterator, ...).
 * ``compute_share`` = time inside compiled computations / (step time - ``compile_s``), where the compiled
-  time is measured from outside the trainer: each agent's sampler reports its compiled calls to a timer (its
-  ``observer`` hook: ``Sampler.generate``, which then blocks on its outputs, and the decode slots' ``launch`` and
-  ``collect``), and each policy ``TrainStep`` is wrapped in one that blocks on the outputs
-  (``jax.block_until_ready``). A timed call that compiled (its jit cache grew) is not compiled computation: its
+  time is measured from outside the trainer by a timer registered with ``mgrpo_jax.sampling.observe``, which the
+  compiled calls report to: every ``Sampler.generate`` (which then blocks on its outputs), the decode slots'
+  ``launch`` and ``collect``, and every policy ``TrainStep`` call (blocking on its outputs,
+  ``jax.block_until_ready``). A timed call that compiled (its jit cache grew) is not compiled computation: its
   time is ``compile_s`` (per timed step; ``compile_s_in_timed_steps`` the total, ``compiles_in_timed_steps`` the
   count, both 0 when the warm-up settled), and ``warmup_compile_s`` / ``warmup_steps_run`` say what the warm-up
   compiled. The tiny jitted kernels of the reward/advantage phase are not counted (they are host-dominated).
@@ -115,7 +115,7 @@ from mgrpo_jax.model import DEFAULT_RULES, get_model_config, make_mesh
 from mgrpo_jax.rl.trainer import Trainer
 from mgrpo_jax.rollout.engine import AgentRuntime, RolloutEngine, RolloutLimits
 from mgrpo_jax.rollout.lockstep import LockstepRolloutEngine
-from mgrpo_jax.sampling import NO_STOP, Sampler
+from mgrpo_jax.sampling import NO_STOP, CallObserver, Sampler, observe
 from mgrpo_jax.sampling import sampler as sampler_module
 from mgrpo_jax.sampling import slots as slots_module
 
@@ -161,8 +161,14 @@ def _cache_size(jitted) -> int:
     return int(size()) if callable(size) else 0
 
 
-class ComputeTimer:
-    """Accumulates the wall time of blocking calls to compiled functions, apart from calls that compiled."""
+# The compiled calls' kinds (mgrpo_jax.sampling.observe) as the figures group them; other kinds keep their names.
+KINDS = {"generate": "sampler", "slots_launch": "sampler", "slots_collect": "sampler"}
+
+
+class ComputeTimer(CallObserver):
+    """Accumulates the wall time of blocking calls to compiled functions, apart from calls that compiled. Registered
+    with ``mgrpo_jax.sampling.observe`` it times the compiled calls that report there: the samplers' (lock-step
+    calls and decode slots, kind ``sampler``) and the policy train steps' (``train_step``)."""
 
     def __init__(self):
         self.reset()
@@ -183,38 +189,8 @@ class ComputeTimer:
             self.compute_s += seconds
             self.by_kind[kind] = self.by_kind.get(kind, 0.0) + seconds
 
-
-def instrument_sampler(sampler: Sampler, timer: ComputeTimer, kind: str = "sampler") -> None:
-    """Time the sampler's compiled calls through its ``observer`` hook: ``generate`` (which ``sample`` calls) waits
-    for its outputs; the decode slots' ``launch`` (which dispatches a round's prefills and chunk) and ``collect``
-    (which waits for it) are host calls one after the other, so their times add up without overlap. A call that
-    compiled a program counts as compile time."""
-    sampler.observer = lambda seconds, compiled: timer.add(kind, seconds, compiled)
-
-
-class TimedStep:
-    """A ``TrainStep`` whose calls block on their outputs and are timed."""
-
-    def __init__(self, step, timer: ComputeTimer, kind: str):
-        self.step, self.timer, self.kind = step, timer, kind
-
-    def __getattr__(self, name):
-        return getattr(self.step, name)
-
-    def __call__(self, state, batch):
-        before = self.step.trace_count
-        start = time.perf_counter()
-        out = jax.block_until_ready(self.step(state, batch))
-        self.timer.add(self.kind, time.perf_counter() - start, self.step.trace_count > before)
-        return out
-
-
-def instrument_trainer(trainer: Trainer, timer: ComputeTimer) -> None:
-    """Time every agent's sampler calls (lock-step calls and decode slots) and policy train steps from outside the
-    trainer (each learner once: in a shared-policy mode both roles have the same one)."""
-    for agent in {id(agent): agent for agent in trainer.agents.values()}.values():
-        instrument_sampler(agent.sampler, timer, "sampler")
-        agent.policy_step = TimedStep(agent.policy_step, timer, "train_step")
+    def on_call(self, kind: str, seconds: float, compiled: bool) -> None:
+        self.add(KINDS.get(kind, kind), seconds, compiled)
 
 
 # ---------------------------------------------------------------------------------------- RL steps
@@ -259,8 +235,7 @@ def warm_up(trainer: Trainer, timer: ComputeTimer, least: int, most: int, quiet:
     timer.reset()
     while runs < most and not (in_a_row >= quiet and runs >= least):
         before, compiles = jit_cache_sizes(trainer), timer.compiles
-        metrics = trainer.rl_step()
-        trainer.step += 1
+        metrics = trainer.rl_step()  # advances trainer.step
         runs += 1
         settled = jit_cache_sizes(trainer) == before and timer.compiles == compiles
         in_a_row = in_a_row + 1 if settled else 0
@@ -286,36 +261,33 @@ def bench_rl(args) -> dict:
         t0 = time.perf_counter()
         trainer.warm_start()
         out["warmstart_s"] = time.perf_counter() - t0
-        timer = ComputeTimer()
-        instrument_trainer(trainer, timer)
-        out.update(warm_up(trainer, timer, args.warmup_steps, args.max_warmup_steps, args.quiet_steps))
-        out["note"] = WARM_NOTE.format(warm, own, out["warmup_steps_run"],
-                                       f"the last {args.quiet_steps} compiled nothing" if out["warmup_settled"]
-                                       else "still compiling at the cap")
-        print(out["note"], flush=True)
-
-        phases = dict.fromkeys(PHASES, 0.0)
-        step_s = episodes = tokens = 0.0
-        rewards = []
-        per_agent = {name: {"episodes": 0.0, "generated_tokens": 0.0, "length_mean": 0.0, "turns_mean": 0.0}
-                     for name in ("main", "sub")}
-        for _ in range(args.steps):
-            metrics = trainer.rl_step()
-            trainer.step += 1
-            s = metrics["time/step_s"]
-            step_s += s
-            for phase in PHASES:
-                phases[phase] += metrics[f"time/{phase}"]
-            episodes += metrics["throughput/episodes_per_s"] * s
-            tokens += metrics["throughput/generated_tokens_per_s"] * s
-            rewards.append(metrics[f"{trainer.top_name}/reward"])
-            for name, sums in per_agent.items():
-                for key in sums:
-                    sums[key] += metrics.get(f"{name}/{key}", 0.0)
-            print(f"rl step {trainer.step}: {s:.2f} s ("
-                  + ", ".join(f"{p[:-2]} {metrics[f'time/{p}']:.2f}" for p in PHASES)
-                  + f"), {metrics['throughput/episodes_per_s'] * s:.0f} episodes, "
-                  f"{metrics['throughput/generated_tokens_per_s'] * s:.0f} tokens", flush=True)
+        with observe(ComputeTimer()) as timer:  # from here on, every compiled call is timed
+            out.update(warm_up(trainer, timer, args.warmup_steps, args.max_warmup_steps, args.quiet_steps))
+            out["note"] = WARM_NOTE.format(warm, own, out["warmup_steps_run"],
+                                           f"the last {args.quiet_steps} compiled nothing" if out["warmup_settled"]
+                                           else "still compiling at the cap")
+            print(out["note"], flush=True)
+            phases = dict.fromkeys(PHASES, 0.0)
+            step_s = episodes = tokens = 0.0
+            rewards = []
+            per_agent = {name: {"episodes": 0.0, "generated_tokens": 0.0, "length_mean": 0.0, "turns_mean": 0.0}
+                         for name in ("main", "sub")}
+            for _ in range(args.steps):
+                metrics = trainer.rl_step()  # advances trainer.step
+                s = metrics["time/step_s"]
+                step_s += s
+                for phase in PHASES:
+                    phases[phase] += metrics[f"time/{phase}"]
+                episodes += metrics["throughput/episodes_per_s"] * s
+                tokens += metrics["throughput/generated_tokens_per_s"] * s
+                rewards.append(metrics[f"{trainer.top_name}/reward"])
+                for name, sums in per_agent.items():
+                    for key in sums:
+                        sums[key] += metrics.get(f"{name}/{key}", 0.0)
+                print(f"rl step {trainer.step}: {s:.2f} s ("
+                      + ", ".join(f"{p[:-2]} {metrics[f'time/{p}']:.2f}" for p in PHASES)
+                      + f"), {metrics['throughput/episodes_per_s'] * s:.0f} episodes, "
+                      f"{metrics['throughput/generated_tokens_per_s'] * s:.0f} tokens", flush=True)
 
     n = max(args.steps, 1)
     compile_s = timer.compile_s / n

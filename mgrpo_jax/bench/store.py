@@ -413,21 +413,21 @@ def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
                       max_warmup_steps: int) -> tuple[float, list[float], str]:
     """Median ``time/step_s`` of a short colocated run of ``preset``, set up as ``bench.rollout`` sets up its own:
     warm-started as far as the preset's runs are, RL steps untimed until one compiles nothing new."""
-    from mgrpo_jax.bench.rollout import ComputeTimer, instrument_trainer, prepare_config, warm_up
+    from mgrpo_jax.bench.rollout import ComputeTimer, prepare_config, warm_up
     from mgrpo_jax.rl.trainer import Trainer
+    from mgrpo_jax.sampling import observe
 
     config, warm = prepare_config("xbench", preset, warmstart_steps, max_warmup_steps + rl_steps, "bench-store")
     with tempfile.TemporaryDirectory(prefix="bench-store-") as workdir:
         trainer = Trainer(config, workdir)
         trainer.warm_start()
-        timer = ComputeTimer()
-        instrument_trainer(trainer, timer)
-        warmup = warm_up(trainer, timer, 1, max_warmup_steps, label=f"{preset} untimed")
-        times = []
-        for _ in range(rl_steps):
-            metrics = trainer.rl_step()
-            times.append(float(metrics["time/step_s"]))
-            print(f"{preset} rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
+        with observe(ComputeTimer()) as timer:
+            warmup = warm_up(trainer, timer, 1, max_warmup_steps, label=f"{preset} untimed")
+            times = []
+            for _ in range(rl_steps):
+                metrics = trainer.rl_step()
+                times.append(float(metrics["time/step_s"]))
+                print(f"{preset} rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
     source = (f"median time/step_s of {rl_steps} RL steps of a {preset} run warm-started {warm} steps per agent, "
               f"after {warmup['warmup_steps_run']} untimed steps"
               + ("" if warmup["warmup_settled"] else " (still compiling at the cap)"))

@@ -9,6 +9,7 @@ Public API::
     out.tokens [B, max_new], out.logprobs [B, max_new], out.lengths [B], out.stopped [B]
     sampler.update_weights(model)  # new parameters, no recompilation
     sampler.caches                 # its CachePool: one donated KV cache per shape (cache.py), the decode slots' too
+    with observe(observer): ...    # the compiled calls' times, for benchmarks (observe.py)
 """
 
 from mgrpo_jax.sampling.buckets import (
@@ -20,6 +21,7 @@ from mgrpo_jax.sampling.buckets import (
 )
 from mgrpo_jax.sampling.cache import CachePool
 from mgrpo_jax.sampling.layout import decode_layout
+from mgrpo_jax.sampling.observe import CallObserver, observe
 from mgrpo_jax.sampling.sampler import (
     NO_STOP,
     SampleOutput,
@@ -34,6 +36,7 @@ from mgrpo_jax.sampling.sampler import (
 
 __all__ = [
     "CachePool",
+    "CallObserver",
     "DEFAULT_BATCH_BUCKETS",
     "DEFAULT_LENGTH_BUCKETS",
     "NO_STOP",
@@ -45,6 +48,7 @@ __all__ = [
     "filter_logits",
     "generate",
     "inverse_cdf",
+    "observe",
     "pad_prompts",
     "pow2_buckets",
     "sample_logits",

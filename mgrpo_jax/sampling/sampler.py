@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import functools
 import math
-import time
-from collections.abc import Callable, Sequence
-from typing import NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +46,8 @@ from mgrpo_jax.model import forward
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, pad_prompts
 from mgrpo_jax.sampling.cache import CachePool, resize_slots, write_slots
 from mgrpo_jax.sampling.layout import decode_layout
+from mgrpo_jax.sampling.observe import observed
 
-T = TypeVar("T")
 NO_STOP = -1  # filler of the per-row stop-token table
 STOP_WIDTH_BUCKETS = (4, 16, 64)
 
@@ -310,18 +309,6 @@ def compiled_programs() -> int:
     return int(_generate_jit._cache_size())
 
 
-def observed(observer, programs: Callable[[], int], call: Callable[[], T], *, block: bool = False) -> T:
-    """``call()``; with an ``observer``, reported to it as ``observer(seconds, compiled)``: its wall time (after
-    waiting for its outputs, with ``block``) and whether it compiled a program (``programs()``, the count of the
-    compiled programs it may add to, grew). Benchmarks time the samplers' compiled calls so (``Sampler.observer``)."""
-    if observer is None:
-        return call()
-    before, start = programs(), time.perf_counter()
-    out = jax.block_until_ready(call()) if block else call()
-    observer(time.perf_counter() - start, programs() > before)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------
 # Stateful wrapper: weights, caches per bucket, host-side padding
 
@@ -375,9 +362,7 @@ class Sampler:
     from it too). ``place(x, logical)`` puts a host array on the sampler's devices, laid out by logical axes;
     ``batch_multiple``: the rows a call's batch must be a multiple of (the mesh's data axes).
 
-    ``observer``: benchmarks' hook, None by default. When set, every compiled call (``generate``, and the decode
-    slots' ``launch`` and ``collect``) is reported to it as ``observer(seconds, compiled)``; ``generate`` then waits
-    for its outputs (:func:`observed`).
+    Its compiled calls can be watched (benchmarks): :mod:`mgrpo_jax.sampling.observe`.
     """
 
     def __init__(self, model, *, pad_id: int = 0, top_k: int = 0, top_p: float = 1.0,
@@ -401,7 +386,6 @@ class Sampler:
             out_major = platforms == {"cpu"}
         self.out_major = bool(out_major)
         self.caches = CachePool(self._new_cache)
-        self.observer: Callable[[float, bool], None] | None = None
         if self.mesh_rules is not None:
             data = self.mesh_rules.spec(("act_batch",))
             self.batch_multiple = int(np.prod([self.mesh_rules.mesh.shape[a] for a in _axes(data)]))
@@ -451,7 +435,7 @@ class Sampler:
         ``temperature``: scalar or [B]; ``stop_tokens``: ids shared by all rows, a list of per-row id sets,
         or a [B, S] table (``NO_STOP`` fills); ``budgets``: [B] max new tokens per row (default max_new).
         """
-        return observed(self.observer, compiled_programs, lambda: self._generate(
+        return observed("generate", compiled_programs, lambda: self._generate(
             prompts, prompt_lengths, max_new=max_new, rng=rng, temperature=temperature, stop_tokens=stop_tokens,
             budgets=budgets), block=True)
 
@@ -539,7 +523,6 @@ __all__ = [
     "filter_logits",
     "generate",
     "inverse_cdf",
-    "observed",
     "sample_logits",
     "sampling_logits",
     "stop_table",

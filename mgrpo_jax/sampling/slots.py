@@ -40,7 +40,8 @@ from mgrpo_jax.model import forward
 from mgrpo_jax.sampling.buckets import DEFAULT_LENGTH_BUCKETS, bucket, pow2_buckets
 from mgrpo_jax.sampling.cache import put_rows, resize_slots, take_rows, write_slots
 from mgrpo_jax.sampling.layout import decode_layout
-from mgrpo_jax.sampling.sampler import NO_STOP, Sampler, observed, sample_logits, to_host
+from mgrpo_jax.sampling.observe import observed
+from mgrpo_jax.sampling.sampler import NO_STOP, Sampler, sample_logits, to_host
 
 SLOT_CHUNK = 16  # decode steps per host round-trip (a stopped row idles at most this many steps)
 STOP_WIDTH = 4  # per-slot stop-token table width
@@ -148,8 +149,8 @@ class DecodeSlots:
     >>> while pool.busy: pool.launch(); finished = pool.collect()   # [(episode, ids, logprobs, stopped)]
 
     Counters for benchmarks: ``prefill_tokens`` (tokens written by prefills), ``fed_tokens`` (tokens fed by decode
-    steps), ``sampled_tokens``, ``slot_steps`` (slots x decode steps run), ``chunks``, ``evictions``. With the
-    sampler's ``observer`` set, :meth:`launch` and :meth:`collect` are reported to it (``Sampler``).
+    steps), ``sampled_tokens``, ``slot_steps`` (slots x decode steps run), ``chunks``, ``evictions``. :meth:`launch` and
+    :meth:`collect` report to the observers of :mod:`mgrpo_jax.sampling.observe`.
     """
 
     def __init__(self, sampler: Sampler, n_slots: int, max_len: int, *, chunk: int = SLOT_CHUNK):
@@ -236,7 +237,7 @@ class DecodeSlots:
 
     def launch(self) -> None:
         """Dispatches the pending prefills and one decode chunk (asynchronously: :meth:`collect` waits)."""
-        observed(self.sampler.observer, compiled_programs, self._launch)
+        observed("slots_launch", compiled_programs, self._launch)
 
     def _launch(self) -> None:
         if self._pending is not None or not self.live.any():
@@ -285,7 +286,7 @@ class DecodeSlots:
     def collect(self) -> list[tuple[object, np.ndarray, np.ndarray, bool]]:
         """Waits for the launched chunk; returns the turns that ended in it as ``(owner, ids, logprobs, stopped)``
         (``stopped``: ended on a stop token, else on its budget). Their slots stay with their owners."""
-        return observed(self.sampler.observer, compiled_programs, self._collect)
+        return observed("slots_collect", compiled_programs, self._collect)
 
     def _collect(self) -> list[tuple[object, np.ndarray, np.ndarray, bool]]:
         finished = []

@@ -1,6 +1,8 @@
 """The throughput benchmark's bookkeeping (no timing assertions; its quick mode runs in test_quick_modes.py)."""
 
 from mgrpo_jax.bench import rollout as bench
+from mgrpo_jax.sampling import observe
+from mgrpo_jax.sampling.observe import observed
 
 
 def test_compute_timer_keeps_compiling_calls_apart():
@@ -21,6 +23,7 @@ class FakeTrainer:
     def rl_step(self):
         if self.step < self.compiling:
             self.cache += 1
+        self.step += 1  # as Trainer.rl_step
         return {"time/step_s": 0.1}
 
 
@@ -37,19 +40,16 @@ def test_warm_up_runs_until_steps_in_a_row_compile_nothing(monkeypatch):
     assert (capped["warmup_steps_run"], capped["warmup_settled"]) == (3, False)
 
 
-class FakeStep:
-    """A train step whose first call traces (compiles)."""
+def test_the_timer_observes_compiled_calls_by_kind():
+    programs = [0]
 
-    trace_count = 0
+    def compiling():
+        programs[0] += 1
 
-    def __call__(self, state, batch):
-        self.trace_count = 1
-        return state
-
-
-def test_a_compiling_call_of_a_timed_step_counts_as_compile_time():
-    timer = bench.ComputeTimer()
-    timed = bench.TimedStep(FakeStep(), timer, "train_step")
-    timed(None, None)
-    timed(None, None)
-    assert (timer.compiles, timer.calls, timed.trace_count) == (1, 2, 1)
+    with observe(bench.ComputeTimer()) as timer:
+        observed("generate", lambda: programs[0], compiling)  # compiled
+        observed("slots_launch", lambda: programs[0], lambda: None)
+        observed("slots_collect", lambda: programs[0], lambda: None)
+        observed("train_step", lambda: programs[0], lambda: None)
+    assert (timer.compiles, timer.calls) == (1, 4)
+    assert set(timer.by_kind) == {"sampler", "train_step"}

@@ -1,4 +1,4 @@
-"""The sampler's KV-cache pool and the cache functions the decode programs use; the sampler's observer hook."""
+"""The sampler's KV-cache pool and the cache functions the decode programs use; observing compiled calls."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 from mgrpo_jax.model import Transformer, get_model_config
-from mgrpo_jax.sampling import CachePool, Sampler
+from mgrpo_jax.sampling import CachePool, CallObserver, Sampler, observe
 from mgrpo_jax.sampling.cache import put_rows, resize_slots, shape, take_rows, write_slots
+from mgrpo_jax.sampling.observe import observed
 from mgrpo_jax.sampling.slots import DecodeSlots
 
 
@@ -82,12 +83,19 @@ def sampler():
     return Sampler(nnx.merge(graphdef, model), batch_buckets=(2,), length_buckets=(8,))
 
 
-def test_the_observer_sees_every_compiled_call_and_the_slots_use_the_samplers_pool(sampler):
-    calls = []
-    sampler.observer = lambda seconds, compiled: calls.append((seconds, compiled))
-    try:
+class Calls(CallObserver):
+    def __init__(self):
+        self.calls = []
+
+    def on_call(self, kind, seconds, compiled):
+        self.calls.append((kind, seconds, compiled))
+
+
+def test_observers_see_every_compiled_call_and_the_slots_use_the_samplers_pool(sampler):
+    with observe(Calls()) as seen:
         out = sampler.sample([[1, 2, 3], [4]], max_new=4, rng=0)
-        assert len(calls) == 1 and calls[0][0] >= 0 and isinstance(calls[0][1], bool)
+        ((kind, seconds, compiled),) = seen.calls
+        assert kind == "generate" and seconds >= 0 and isinstance(compiled, bool)
         assert (2, 12) in sampler.caches.shapes() and out.tokens.shape == (2, 4)
         slots = DecodeSlots(sampler, n_slots=2, max_len=32, chunk=4)
         owner = object()
@@ -98,12 +106,25 @@ def test_the_observer_sees_every_compiled_call_and_the_slots_use_the_samplers_po
             slots.launch()
             finished += slots.collect()
         assert len(finished) == 1 and finished[0][0] is owner and len(finished[0][1]) == 6
-        assert len(calls) == 1 + 2 * slots.chunks  # every launch and collect
+        assert [k for k, _, _ in seen.calls[1:]] == ["slots_launch", "slots_collect"] * slots.chunks
         assert (2, 32) not in sampler.caches.shapes()  # held by the slots while they run
         cache = slots.cache
         slots.close()
         assert sampler.caches.peek(2, 32) is cache  # given back for the next run
-    finally:
-        sampler.observer = None
+    n = len(seen.calls)
     sampler.sample([[1, 2, 3]], max_new=4, rng=0)
-    assert len(calls) == 1 + 2 * slots.chunks  # no observer, no reports
+    assert len(seen.calls) == n  # no longer registered
+
+
+def test_a_call_that_grows_the_programs_counts_as_compiled():
+    programs = [0]
+
+    def call():
+        programs[0] += 1
+        return "out"
+
+    with observe(Calls()) as seen, observe(Calls()) as other:
+        assert observed("x", lambda: programs[0], call) == "out"
+        assert observed("y", lambda: 0, lambda: "again") == "again"
+    assert [(k, c) for k, _, c in seen.calls] == [(k, c) for k, _, c in other.calls] == [("x", True), ("y", False)]
+    assert observed("z", lambda: 0, lambda: 1) == 1 and len(seen.calls) == 2
