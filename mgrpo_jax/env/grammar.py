@@ -30,6 +30,8 @@ class Grammar(Protocol):
 
     def render_tool_response(self, output: str) -> str: ...
 
+    def render_tool_error(self, tool: str, error: Exception) -> str: ...
+
     def question_prompt(self, question_text: str) -> str: ...
 
     def sub_agent_prompt(self, task: str, context: str = "") -> str: ...
@@ -54,6 +56,9 @@ def delegation(arguments: Mapping[str, Any]) -> tuple[str, str]:
     return str(arguments.get("task", "")), str(arguments.get("context", ""))
 
 
+MAX_ERROR_CHARS = 200  # of an exception's message in a tool error's response
+
+
 class ChatGrammar:
     """`<think>…</think><tool_call>{json}</tool_call>` turns (mgrpo_jax.env.protocol)."""
 
@@ -64,6 +69,11 @@ class ChatGrammar:
 
     def render_tool_response(self, output: str) -> str:
         return protocol.render_tool_response(output)
+
+    def render_tool_error(self, tool: str, error: Exception) -> str:
+        """What the agent reads when a tool raised on its arguments: the exception's type and message, on one line."""
+        message = " ".join(str(error).split())[:MAX_ERROR_CHARS]
+        return f"Error: {tool} failed on its arguments: {type(error).__name__}: {message}"
 
     def question_prompt(self, question_text: str) -> str:
         from mgrpo_jax.env.prompts import question_prompt

@@ -38,9 +38,9 @@ the reward, never exceptions.
 
 Nothing a model writes can crash a run. The grammars' parsers are total, the tokenizer decodes any ids, and the
 tools answer bad arguments with an error message. As a last line of defence, a tool (or the `delegate` argument
-reader) that still raises on the arguments a model wrote is answered with `Error: <tool> failed on its
-arguments: <ExceptionType>: <message>` (the grammar's `render_tool_error(tool, error)` instead, where it has
-one: the compact grammar's `error`), logged once per tool and exception type, and counted in the episode's
+reader) that still raises on the arguments a model wrote is answered with the grammar's
+`render_tool_error(tool, error)` (chat: `Error: <tool> failed on its arguments: <ExceptionType>: <message>`; the
+compact grammar: its one-word `error`), logged once per tool and exception type, and counted in the episode's
 `tool_calls` under `error/<tool>` (`RolloutBatch.stats()`: `<agent>/tool_errors`). Only that call is guarded;
 an exception anywhere else in the engine is a bug and raises. Every text the engine renders (tool responses,
 delegated tasks, sub-agent answers) is made valid Unicode first (`protocol.valid_unicode`).
@@ -83,8 +83,6 @@ from mgrpo_jax.rollout.episode import (
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, bucket
 from mgrpo_jax.sampling.sampler import Sampler
 from mgrpo_jax.sampling.slots import SLOT_CHUNK, DecodeSlots
-
-MAX_ERROR_CHARS = 200  # of an exception's message in the error response
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +238,7 @@ class EngineCore:
                      temperature: float) -> list[Episode]:
         """Appends a sampled turn to its episode and acts on it; returns the sub-agent episodes it started."""
         tokenizer = agent.tokenizer
-        top_k, top_p = int(getattr(agent.sampler, "top_k", 0)), float(getattr(agent.sampler, "top_p", 1.0))
+        top_k, top_p = int(agent.sampler.top_k), float(agent.sampler.top_p)
         episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
         episode.extend(turn.prefix)
         episode.extend(ids, trained=True, logprobs=logprobs)
@@ -302,11 +300,7 @@ class EngineCore:
                 self._logged_failures.add((call.name, kind))
                 log.warning("tool %s raised on model-written arguments %.200r (answered with an error; logged "
                             "once per tool and exception type)", call.name, call.arguments, exc_info=True)
-            render = getattr(self.grammar, "render_tool_error", None)
-            if render is not None:
-                return None, render(call.name, error)
-            message = " ".join(str(error).split())[:MAX_ERROR_CHARS]
-            return None, f"Error: {call.name} failed on its arguments: {kind}: {message}"
+            return None, self.grammar.render_tool_error(call.name, error)
 
     def _return_to_parent(self, sub: Episode, top: list[list[Episode]]) -> None:
         parent = top[sub.question_index][sub.rollout]

@@ -336,6 +336,8 @@ class _Script:
     """A sampler that writes the given turns in order (turn i of an episode: `turns[i]`), stopping each on the
     end-of-turn token; log-probs 0."""
 
+    top_k, top_p = 0, 1.0  # no filters: the engine records them on each episode
+
     def __init__(self, tokenizer, turns):
         self.eot = tokenizer.end_of_turn_id
         self.opening = tokenizer.render_chat([(SYSTEM, "s"), (USER, "u")])[0].count(self.eot)

@@ -25,6 +25,8 @@ def tokenizer():
 class ScriptedSampler:
     """Answers each prompt with `policy(prompt_text)`, tokenised, plus the end-of-turn id; log-prob -0.5."""
 
+    top_k, top_p = 0, 1.0  # no filters: the engine records them on each episode
+
     def __init__(self, tokenizer, policy):
         self.tokenizer, self.policy = tokenizer, policy
         self.batch_sizes = []

@@ -123,6 +123,8 @@ class ReplaySampler:
     are well-formed tool calls of the agent's own tools (odd arguments and all), so episodes go on for several
     turns and the tools run; the junk (anything else) ends an episode or feeds a tool worse arguments."""
 
+    top_k, top_p = 0, 1.0  # no filters: the engine records them on each episode
+
     def __init__(self, tokenizer, calls, junk=()):
         self.tokenizer, self.count = tokenizer, 0
         encode = lambda o: spell(tokenizer, o) + [tokenizer.end_of_turn_id] if isinstance(o, str) else list(o)
@@ -342,6 +344,8 @@ def test_regression_a_json_surrogate_escape_parses_to_valid_unicode(chat):
 
 class Script:
     """A sampler that plays each agent's turns in order (one list per agent), then answers."""
+
+    top_k, top_p = 0, 1.0
 
     def __init__(self, tokenizer, turns):
         self.tokenizer, self.turns = tokenizer, turns
