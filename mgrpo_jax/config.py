@@ -56,7 +56,7 @@ DECAYS = ("cosine", "linear", "constant")  # learning-rate schedules after the w
 
 def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_collections.ConfigDict:
     agent = ml_collections.ConfigDict()
-    agent.model = model  # a preset of mgrpo_jax.model.config.get_model_config
+    agent.model = model  # a preset of mgrpo_jax.model.shapes.get_model_config
     agent.model_overrides = ml_collections.ConfigDict()
     agent.init_from = ""  # a Hugging Face checkpoint directory (safetensors + config.json), optional
     # -1: the rest; `expert`: expert parallelism of mixture-of-experts models (mgrpo_jax/model/moe.py)
@@ -348,8 +348,8 @@ def _unknown_fields(problems: _Problems, config, reference, prefix: str = "") ->
 
 
 def _check_model(p: _Problems, name: str) -> None:
-    from mgrpo_jax.model.config import PRESETS as MODEL_PRESETS
-    from mgrpo_jax.model.config import ModelConfig, get_model_config
+    from mgrpo_jax.model.shapes import PRESETS as MODEL_PRESETS
+    from mgrpo_jax.model.shapes import ModelConfig, get_model_config
 
     model, overrides = p.get(f"{name}.model"), p.get(f"{name}.model_overrides")
     if model is _MISSING or overrides is _MISSING:

@@ -280,7 +280,7 @@ def collect_log(root: str, name: str) -> str:
 
 def param_counts(run_dir: str) -> dict[str, int]:
     """{learner: parameter count} from a workdir's `agents/<learner>/model_config.json` ({} when it has none)."""
-    from mgrpo_jax.model.config import ModelConfig
+    from mgrpo_jax.model.shapes import ModelConfig
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     agents, counts = os.path.join(run_dir, "agents"), {}

@@ -40,8 +40,8 @@ from flax import nnx
 from mgrpo_jax.agent.state import abstract_agent_state, abstract_lora_agent_state, merged_params, model_from_state
 from mgrpo_jax.model import abstract_model, get_rules, make_mesh
 from mgrpo_jax.model.checkpoint_hf import config_to_hf, save_hf
-from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.lora import lora_spec
+from mgrpo_jax.model.shapes import ModelConfig
 from mgrpo_jax.runtime.backend import choose_platform
 from mgrpo_jax.runtime.checkpoint import Checkpointer
 from mgrpo_jax.tokenizer import Tokenizer

@@ -41,6 +41,7 @@ from mgrpo_jax.agent.step import (
     make_logprob_fn,
     make_policy_step,
     make_sft_step,
+    run_passes,
 )
 from mgrpo_jax.core.losses import resolve_loss_hparams
 from mgrpo_jax.sampling import Sampler
@@ -200,10 +201,8 @@ class Learner:
             train_batch = {k: batch[k] for k in POLICY_KEYS}
             if self.reference_params is not None:
                 train_batch["ref_logprobs"] = self.reference_logprobs(train_batch)
-            metrics = {}
-            for _ in range(self.config.passes):
-                self.state, metrics = self.policy_step(self.state, train_batch)
-            per_batch.append(metrics)
+            self.state, updates = run_passes(self.policy_step, self.state, train_batch, self.config.passes)
+            per_batch.append(updates[-1] if updates else {})
         self.publish()
         per_batch = jax.device_get(per_batch)
         combined = per_batch[0] if len(per_batch) == 1 else combine_metrics(

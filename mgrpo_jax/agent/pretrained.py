@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from mgrpo_jax.model import DEFAULT_RULES, logical_to_spec
 from mgrpo_jax.model.checkpoint_hf import config_from_hf, load_hf_params, model_from_params
-from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.shapes import ModelConfig
 from mgrpo_jax.model.transformer import PARAM_AXES, param_shapes
 from mgrpo_jax.tokenizer import ChatTokenizer
 from mgrpo_jax.tokenizer_hf import added_tokens

@@ -4,7 +4,7 @@
     python -m mgrpo_jax.bench.lora --rank 64 --new-tokens 64
     python -m mgrpo_jax.bench.lora --quick             # the 'tiny' shape, rank 2, 2 x (8 + 4) tokens: seconds
 
-On the ``bench`` model shape (mgrpo_jax/model/config.py) with adapters of ``--rank`` on every projection (B random,
+On the ``bench`` model shape (mgrpo_jax/model/shapes.py) with adapters of ``--rank`` on every projection (B random,
 so the two paths compute the same non-trivial policy), ``--prompts`` prompts of ``--prompt-len`` random ids are
 sampled for ``--new-tokens`` tokens (every row the full budget) through ``Sampler.generate``:
 

@@ -14,7 +14,7 @@ Public API::
 ``sharding.py`` for meshes and rules (named rule sets: ``RULE_SETS``, ``get_rules``).
 """
 
-from mgrpo_jax.model.config import PRESETS, ModelConfig, family_defaults, get_model_config
+from mgrpo_jax.model.shapes import PRESETS, ModelConfig, family_defaults, get_model_config
 from mgrpo_jax.model.sharding import (
     DEFAULT_RULES,
     MESH_AXES,

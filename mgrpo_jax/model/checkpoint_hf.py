@@ -44,8 +44,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.moe import MOE_PARAMS
+from mgrpo_jax.model.shapes import ModelConfig
 from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, logical_to_spec
 from mgrpo_jax.model.transformer import DENSE_MLP_PARAMS, LAYER_PARAMS, PARAM_AXES, Transformer, param_shapes
 

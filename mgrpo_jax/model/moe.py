@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from mgrpo_jax.model.config import ModelConfig
+from mgrpo_jax.model.shapes import ModelConfig
 from mgrpo_jax.model.sharding import MeshRules
 
 MOE_PARAMS = ("router", "expert_gate", "expert_up", "expert_down")  # one MoE layer's parameters

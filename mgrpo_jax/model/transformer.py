@@ -51,8 +51,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from mgrpo_jax.model import lora as lora_lib
-from mgrpo_jax.model.config import ModelConfig
 from mgrpo_jax.model.moe import MOE_PARAMS, RouterStats, moe_mlp
+from mgrpo_jax.model.shapes import ModelConfig
 from mgrpo_jax.model.sharding import DEFAULT_RULES, MeshRules, Rules, constrain, state_shardings
 
 _NEG_INF = -0.7 * float(jnp.finfo(jnp.float32).max)

@@ -616,7 +616,7 @@ def test_the_registry_has_the_shared_policy_runs_and_keeps_the_others():
 
 
 def test_the_parameter_matched_model_has_about_the_two_agents_parameters():
-    from mgrpo_jax.model.config import get_model_config
+    from mgrpo_jax.model.shapes import get_model_config
 
     agent = _compact_agent()
     assert agent == {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "mlp_dim": 256}
@@ -654,7 +654,7 @@ def test_the_shared_policy_runs_parse_and_pass_the_config_checks():
 def _model_config_json(path, **fields):
     import dataclasses
 
-    from mgrpo_jax.model.config import get_model_config
+    from mgrpo_jax.model.shapes import get_model_config
 
     path.mkdir(parents=True)
     config = dataclasses.asdict(get_model_config("tiny", **{**_compact_agent(), **fields}))
