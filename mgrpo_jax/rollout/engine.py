@@ -532,6 +532,7 @@ def turn_seed(seed: int, episode: Episode) -> int:
     return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
-def round_seed(seed: int, iteration: int, role: str) -> int:
-    """The key seed of one batched call: from the run's seed, the round (iteration) and the agent's role."""
-    return zlib.crc32(f"{seed}/{iteration}/{role}".encode()) & 0x7FFFFFFF
+def round_seed(seed: int, iteration: int, agent: str) -> int:
+    """The key seed of one batched call: from the run's seed, the round (iteration) and the agent (its name, or
+    the lock-step oracle's "top" / "sub")."""
+    return zlib.crc32(f"{seed}/{iteration}/{agent}".encode()) & 0x7FFFFFFF
