@@ -17,6 +17,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.test_imports import cycles  # Tarjan over a module graph, shared with the import test
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "mgrpo_jax"
 TREES = ("mgrpo_jax", "experiments", "launch")
@@ -157,37 +159,6 @@ def graph(parsed: Parsed, prefix: str) -> dict[str, dict[str, int]]:
             if i.target in nodes and i.target != name:
                 edges[name].setdefault(i.target, i.line)
     return edges
-
-
-def cycles(edges) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return out
 
 
 def cycle_report(parsed: Parsed, prefix: str) -> list[str]:
