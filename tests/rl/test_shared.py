@@ -35,7 +35,7 @@ def test_the_matpo_mode_takes_matpo_credit_and_loss_and_pools_its_batch():
 def test_a_shared_policy_mode_cannot_be_split_into_two_jobs(mode):
     config = get_config("xbench", f"local,{mode}")
     config.store, config.rollout.counterfactual_share = "file:///tmp/store", 0.0
-    message = f"mode='{mode}': --role=main: mode {mode} trains one model for both roles, which cannot be split"
+    message = f"mode='{mode}': --role=main: mode {mode} trains one model for both agents, which cannot be split"
     with pytest.raises(ValueError, match=message):
         validate(config, job="main")
     validate(config, job="colocated")
