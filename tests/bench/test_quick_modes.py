@@ -27,6 +27,8 @@ MAIN_KEYS = {
              "same_tokens_frac"),
     "model": ("decode_tokens_per_s", "hf_decode_tokens_per_s", "train_mfu", "peak_memory_gb",
               "hf_train_tokens_per_s", "train_tokens_per_s", "prefill_tokens_per_s", "matmul_peak_gflops"),
+    "peer": ("engine_tokens_per_s", "engine_episodes_per_s", "generated_tokens", "context_tokens", "episodes", "turns",
+             "threads", "model", "vllm", "tokens_ratio"),
     "plan": ("small_decode_gib_per_chip_v5e4", "small_decode_fits_v5e4", "small_fits_v5e4"),
     "rollout": ("episodes_per_s", "tokens_per_s", "step_s", "compute_share", "compile_s", "warmup_steps_run",
                 "generated_tokens_per_episode", "peak_memory_gb", "grpo_step_s", "grpo_sampling_s",
