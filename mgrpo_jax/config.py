@@ -137,6 +137,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     c.env.stage2_max_success = 0.5
     c.env.stage2_filter_pool = 256
     c.env.stage2_filter_samples = 4
+    # A `curriculum.json` another run's filter wrote (one question pool per world, shared by every stage-2 lineage
+    # of it): this run trains on exactly its kept ids and filters nothing. Empty: filter here.
+    c.env.curriculum_file = ""
     # Real services (README, "Real search, reader and judge services"); empty URLs: the offline world's own. API keys
     # are read from the environment variables named here, never from the config (it is saved with the run).
     c.env.search_url = ""  # a JSON search API (HttpSearchBackend); empty: the offline world's BM25
@@ -551,6 +554,8 @@ def validate(config, job: str | None = None) -> None:
     for field in ("background_sentences", "stage2_filter_pool"):
         p.number(f"env.{field}", 0)
     p.number("env.stage2_max_success", 0, 1)
+    if p.get("env.curriculum_file") not in (_MISSING, "", None) and p.get("stage") != "stage2":
+        p.add("env.curriculum_file", p.get("env.curriculum_file"), "a stage-2 question pool: needs stage=stage2")
     for section, low, high in (("sizes", 0, None), ("compact", 1, None), ("compact_noise", 0, 1)):
         values = p.get(f"env.{section}")
         for key in () if values is _MISSING else values.keys():

@@ -43,13 +43,14 @@ from mgrpo_jax.rollout.judging import rollout_arrays
 from mgrpo_jax.runtime.seeds import derive_seed
 
 
-def counterfactual_twin(config, step: int) -> int:
+def counterfactual_twin(config, step: int, stream: str = "twin") -> int:
     """The twin (1..TWINS) step `step`'s questions are posed in, or 0 (the world): a seeded draw per step with
-    probability `rollout.counterfactual_share`."""
+    probability `rollout.counterfactual_share`. `stream` names the draws: the RL steps' ("twin") or the stage-2
+    curriculum filter's batches' (mgrpo_jax/rl/curriculum.py)."""
     share = float(config.rollout.counterfactual_share)
     if not share:
         return 0
-    rng = np.random.default_rng(derive_seed(config.seed, "twin", step))
+    rng = np.random.default_rng(derive_seed(config.seed, stream, step))
     return int(rng.integers(1, TWINS + 1)) if rng.random() < share else 0
 
 

@@ -73,8 +73,9 @@ class Trainer:
             self.progress, guard)
         return self.warm_started
 
-    def filter_curriculum(self) -> dict:
-        return self.feed.filter(self.engine, write=self.is_main_process)
+    def prepare_curriculum(self) -> dict | None:
+        """Stage 2's questions: `env.curriculum_file`'s, or the filter's (mgrpo_jax/rl/curriculum.py)."""
+        return self.feed.prepare(self.engine, write=self.is_main_process)
 
     def init_from_checkpoint(self, path: str) -> int:
         """Every agent here from another run's latest checkpoint (stage 2 from stage 1); returns its step."""
@@ -91,7 +92,7 @@ class Trainer:
         """One step of the sides this job holds, then `step` + 1; None (not advanced) when the main job finished
         first. `update=False`: no update, the rows kept in `self.dry_rows` (main, sub) for a diagnosis."""
         t0, step, main, sub = time.perf_counter(), self.step, self.main, self.sub
-        metrics = self.exchange.before_step(step, main.version)
+        metrics = {**self.feed.identity(), **self.exchange.before_step(step, main.version)}
         collected = main.collect(step, next(self.feed.iterator))
         sub_version = sub.version  # the policy that serves this step's calls
         data = sub.collect(step, collected)
@@ -161,6 +162,7 @@ class Trainer:
         if self.step >= cfg.train.steps and self.warm_started:  # a warm-start-only run (steps 0) cut short is not
             self.status = "finished"
         curves = [f"{self.top_name}/reward", "sub/reward"] if self.top_name in self.agents else []
+        summary = {**self.feed.identity(), **summary}  # also a run with no RL step records its world and pool
         report_stop(cfg, self.workdir, summary, self.status, self.step, at_once=self.at_once, started=start,
                     curves=curves, write=self.is_main_process)
         if self.status == "finished":
@@ -170,10 +172,10 @@ class Trainer:
     def first_checkpoint(self) -> None:
         """After the warm start: the curriculum, the evaluation at step 0 and the first RL checkpoint."""
         cfg = self.config
-        if self.top_name in self.agents and cfg.stage == "stage2" and cfg.env.stage2_max_success < 1:
-            self.filter_curriculum()
+        if self.top_name in self.agents and cfg.stage == "stage2":
+            self.prepare_curriculum()
         if cfg.train.eval_at_start and self.job == "colocated":
-            self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
+            self.writer.write(0, {**self.feed.identity(), **self.evaluate()})  # the accuracy curves' start
         self.save(force=True)
         self.checkpointer.wait()
         warmstart.discard_checkpoints(self.workdir)

@@ -138,6 +138,12 @@ def test_stage2_starts_from_the_stage1_checkpoint_with_a_filtered_curriculum(tmp
     assert not any("warmstart_step" in r for r in records)  # no warm start: the stage-1 weights are the start
     assert [r["step"] for r in records if "step" in r] == [0, 1]
     assert "eval/eval_gaia/accuracy" in records[0]
+    # Every row and the summary record the world and the served pool, as curriculum.json does.
+    assert curriculum["world_seed"] == config.env.seed == 0 and curriculum["twins"] == [0]  # the chat world
+    assert curriculum["pool_hash"] == trainer.feed.pool_hash
+    assert all((r["env/seed"], r["env/pool_hash"]) == (0, curriculum["pool_hash"]) for r in records)
+    summary = json.loads((tmp_path / "stage2" / "summary.json").read_text())
+    assert (summary["env/seed"], summary["env/pool_hash"]) == (0, curriculum["pool_hash"])
     resumed = Trainer(config, str(tmp_path / "stage2"))  # a resumed run serves the same filtered questions
     assert [q.id for q in resumed.feed.questions] == curriculum["kept"]
 
