@@ -94,7 +94,8 @@ def compact(c) -> None:
         agent.sft.lr = 3e-3
         agent.passes = 2
     # Noise-free experts finish every question within these (tests/env/test_compact.py replays them): the main
-    # agent's 3-hop chains with one re-ask each, the sub-agent's search-open-answer, the single agent's 3 lookups.
+    # agent's 3-hop chains with one re-ask each, the sub-agent's search-open-answer, the single agent's 3 lookups;
+    # the noisy experts' stage-2 3-hop chains too (at most 91 tokens, 7 turns and 6 calls on worlds 0-4).
     c.main.context_tokens, c.main.max_turns = 96, 8
     c.sub.context_tokens, c.sub.max_turns = 64, 4
     # The single agent does the main agent's work and every sub-agent's in one context: it gets their budgets
@@ -103,7 +104,10 @@ def compact(c) -> None:
     c.single.context_tokens, c.single.max_turns = 384, 24
     c.rollout.queries = 16
     c.rollout.samples = 8
-    c.rollout.d_max = 4  # the 99th percentile of the stage-2 experts' d_k (bench.env: 2-4 calls)
+    # D covers a 3-hop chain with one re-ask. Stage 2 has 3-hop chains since issue 36: the noisy experts' d_k is
+    # above 4 in 3-17 % of worlds 0-4's stage-2 rollouts (p99 5-6, all of them 3-hop chains re-asking), where 4
+    # drops calls at random (mgrpo_jax/core/alignment.py); the trained systems' d_k histogram says whether D stays.
+    c.rollout.d_max = 4
     c.rollout.max_turn_tokens = 8  # the longest compact turn, `[calc max 31 17 ]`, is 6 tokens with its end
     c.rollout.max_sub_calls = 6
     c.rollout.temperature = 1.0
@@ -146,6 +150,9 @@ def figures(c) -> None:
     c.train.eval_sets = "eval_gaia,eval_xbench,eval_webwalker,validation,fresh"
     c.train.eval_blind = True
     c.train.checkpoint_every = 20
+    # Stage 2 trains the fresh texts and those of 256 other stage-2 texts that the stage-1 system solves at most
+    # half the time (4 samples each), measured in seeded twins as RL poses its steps (mgrpo_jax/rl/curriculum.py);
+    # `env.curriculum_file` makes every lineage of a world train on one such filter's pool.
     c.env.stage2_filter_pool = 256
     c.env.stage2_filter_samples = 4
     c.rollout.unsync_pop = "step"  # Fig. 8 at equal work (mgrpo_jax/rl/unsync.py)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mgrpo_jax.config import get_config
+from mgrpo_jax.env.build import noise_config
 from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
 from mgrpo_jax.env.compact.questions import pose_in
@@ -216,6 +217,11 @@ def test_questions_have_world_answers_held_out_texts_and_every_lookup_in_trainin
     assert {q.split for q in env.questions.fresh} == {"fresh"}
     assert {q.hops for q in env.questions.eval_xbench} == {3}
     assert {q.kind for q in env.questions.stage2} == {q.kind for q in env.questions.fresh} == {"chain", "compare"}
+    # Stage 2 trains 3-hop chains, the kind the XBench-style set asks over new texts; validation and fresh follow.
+    hops = collections.Counter(q.hops for q in env.questions.stage2 if q.kind == "chain")
+    assert set(hops) == {2, 3} and 0.1 < hops[3] / len(env.questions.stage2) < 0.35
+    for split in ("validation", "fresh"):
+        assert {q.hops for q in env.questions.split(split) if q.kind == "chain"} <= {2, 3}
 
 
 # -- tokenizer -----------------------------------------------------------------------------------------------
@@ -254,6 +260,22 @@ def test_noise_free_experts_finish_every_question_within_the_preset_limits(env, 
                 assert len(turns) <= config[agent].max_turns
                 assert all(len(tokenizer.encode(t)) + 1 <= config.rollout.max_turn_tokens for t in turns)
             assert len(multi.subs) <= config.rollout.max_sub_calls
+
+
+def test_noisy_experts_finish_stage2_three_hop_chains_within_the_main_agents_budgets(env, tokenizer):
+    """The demonstrations of stage 2's longest kind, re-asks and all, fit the main agent's context and turns and the
+    call cap (the noise-free ones: the test above)."""
+    config = get_config("xbench", "local")
+    experts = env.experts(noise_config(config))
+    three_hop = [q for q in env.questions.stage2 if q.kind == "chain" and q.hops == 3]
+    assert len(three_hop) > 30
+    calls = collections.Counter()
+    for q in three_hop:
+        transcript = experts.main_agent(q)
+        ids, _ = tokenizer.render_chat(transcript.top.as_chat())
+        assert len(ids) <= config.main.context_tokens and len(transcript.top.assistant_turns) <= config.main.max_turns
+        calls[len(transcript.subs)] += 1
+    assert min(calls) == 3 and max(calls) <= config.rollout.max_sub_calls and max(calls) > 3  # re-asks happen
 
 
 def test_noisy_experts_err_only_inside_their_subsets_and_not_always(env):

@@ -3,13 +3,15 @@
 A question's text is its facts from the outside in, then its subject(s):
 
     lookup    born_in Varn              the birthplace of the person Varn (stage 1)
-    chain     country born_in Varn      the country of that birthplace (stage 2: 2 hops; XBench style: 3)
+    chain     country born_in Varn      the country of that birthplace (stage 2: 2 and 3 hops; XBench style: 3)
     compare   max age Varn Kelt         the larger of two ages: needs `calc` (stage 2)
     walk      born_in founder Lorm      a chain from an organisation (WebWalkerQA style, 2-3 hops)
 
-Splits: stage1 (lookups), stage2 (2-hop chains and comparisons), validation (as stage 2), eval_gaia (lookups,
-2-hop chains, comparisons), eval_xbench (3-hop chains), eval_webwalker (walks), and fresh (as stage 2, the
-yardstick of the transfer gap).
+Splits: stage1 (lookups), stage2 (2- and 3-hop chains and comparisons), validation (as stage 2), eval_gaia
+(lookups, 2-hop chains, comparisons), eval_xbench (3-hop chains: new texts of a trained kind), eval_webwalker
+(walks), and fresh (as stage 2, the yardstick of the transfer gap). Stage 2's 3-hop chains fit the main agent's
+budgets (96 tokens, 8 turns): the noise-free experts' take 55 tokens and 4 turns, the noisy experts' at most 91
+and 7, with at most 6 calls (world 0; tests/env/test_compact.py replays both).
 
 Held out by facts and by text, not by names. A tiny agent writes only the (fact, name) pairs it has written in
 training: held out by fact path (no training question on a held-out question's path), the system answered 0.05 of
@@ -20,8 +22,10 @@ every entity), and what is held out is the answers: training poses its questions
 world (`warmstart.counterfactual_share`, `rollout.counterfactual_share`: the same entities, every value drawn
 again), so no answer of the world itself is ever a training target, and evaluation asks the world. Held-out
 questions are also new texts (none is a training text; drawn first) in their own styles. `fresh` holds stage-2
-training texts, asked in the world: the training distribution with answers new to the system, against which the
-validation set (new texts of the same kinds) gives the transfer gap.
+training texts (the first `sizes.fresh`), asked in the world: the training distribution with answers new to the
+system, against which the validation set (new texts of the same kinds) gives the transfer gap. The stage-2
+curriculum trains every fresh text unfiltered and filters only the other stage-2 texts (mgrpo_jax/rl/curriculum.py),
+so every fresh text is a trained text and no outcome chooses which are.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from mgrpo_jax.env.questions import (
 
 _MIX = {
     STAGE1: ((LOOKUP, 1.0, 1),),
-    STAGE2: ((CHAIN, 0.6, 2), (COMPARE, 0.4, 1)),
+    STAGE2: ((CHAIN, 0.45, 2), (CHAIN, 0.2, 3), (COMPARE, 0.35, 1)),
     EVAL_GAIA: ((LOOKUP, 0.2, 1), (CHAIN, 0.4, 2), (COMPARE, 0.4, 1)),
     EVAL_XBENCH: ((CHAIN, 1.0, 3),),
     EVAL_WEBWALKER: ((WALK, 1.0, 2), (WALK, 1.0, 3)),
