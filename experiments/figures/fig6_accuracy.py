@@ -7,12 +7,14 @@ Each stage-2 run evaluates at its start (its seed's stage-1 checkpoint) and ever
 three sampled runs of each of `train.eval_questions` questions per set (GAIA-, XBench- and WebWalker-style, held
 out by fact path: mgrpo_jax/env/compact/questions.py). Mean +-1 std over seeds. The claim `mgrpo` > `frozen_sub`
 is tested per set on each seed's accuracy over the last third of the evaluations (with 3 evaluations: the final
-one), bootstrap over seeds paired by world (`stats.py`).
+one), paired by world: bootstrap interval, exact sign-flip p-value, t-interval and the verdict rule (`stats.py`).
 
 Controls, on the final `mgrpo` system of every seed (its last evaluation):
 - **transfer gap**: accuracy on `fresh` questions (new questions of the stage-2 distribution, over facts training
   read) minus accuracy on `validation` (the same kinds over held-out facts); a system that reads its tools has a
-  gap near 0, one that recalls its training facts a large one;
+  gap near 0, one that recalls its training facts a large one. A comparison without a claimed direction (the
+  two-sided permutation p, the t-interval and which is higher, `stats.compare`), with the gap on every world
+  (`per_world`, in the order of `world_seeds`);
 - **blind**: the same system with every tool answering "none" (`eval_blind/<set>/accuracy`); near 0 when the
   answers come from the tools, not from memory.
 """
@@ -44,6 +46,8 @@ def controls(names) -> dict:
     fresh, validation = (final_accuracy(names, f"eval/{s}/accuracy") for s in ("fresh", "validation"))
     out["transfer_gap"] = stats.compare(fresh, validation, ("fresh", "validation"), paired=True, claimed=False)
     out["transfer_gap"]["claim"] = "transfer gap: fresh (training facts) - validation (held-out facts), same kinds"
+    out["transfer_gap"]["world_seeds"] = runs.worlds(names)
+    out["transfer_gap"]["per_world"] = [float(x) for x in fresh - validation]  # the gap on each world, in order
     return out
 
 

@@ -496,7 +496,8 @@ def window_claim(text: str, a: tuple, b: tuple, *, claimed: bool = True, **kw) -
     """A claimed ordering A > B (or, `claimed=False`, an ablation's which-is-higher) over the last window.
 
     `a` and `b` are (label, steps, values [seeds, points], metric); each seed's mean over its arm's last window
-    is one value, and `stats.compare` gives the difference of means, its bootstrap 95 % interval and the verdict.
+    is one value, and `stats.compare` gives the difference of means, its bootstrap 95 % interval, the exact
+    permutation p-value, the t-interval and the verdict under the pre-stated rule (`stats.VERDICT_RULE`).
     """
     (label_a, steps_a, values_a, metric_a), (label_b, steps_b, values_b, metric_b) = a, b
     per_a, at_a = stats.last_window(steps_a, values_a)
@@ -554,8 +555,9 @@ def save_results(figure: str, results: dict, arms: dict | None = None) -> str:
     with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     for claim in results.get("claims", []) + results.get("comparisons", []):
-        lo, hi = claim["ci95"]
-        print(f"[figures] {figure}: {claim['claim']}: diff {claim['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] over "
+        (lo, hi), (t_lo, t_hi) = claim["ci95"], claim["t_interval"]
+        print(f"[figures] {figure}: {claim['claim']}: diff {claim['diff']:+.4f}, bootstrap [{lo:+.4f}, {hi:+.4f}], "
+              f"t [{t_lo:+.4f}, {t_hi:+.4f}], p {claim['p_value']:.4f} ({claim['p_alternative']}) over "
               f"{claim['n_seeds']} seeds: {claim['verdict']}")
     print(f"[figures] wrote {os.path.relpath(path, REPO)}")
     return path

@@ -1,6 +1,7 @@
 """The figure pipeline: run lineage, log reading, the statistics of the claims, and drawing from committed logs."""
 
 import json
+import math
 import os
 import sys
 
@@ -37,14 +38,14 @@ def test_bootstrap_of_a_degenerate_case_is_the_observed_difference():
     # Every seed equal within each arm: every resample gives 0.75 - 0.25.
     diff, ci = stats.bootstrap_diff([0.75] * 5, [0.25] * 4)
     assert diff == pytest.approx(0.5) and ci == pytest.approx((0.5, 0.5))
-    assert stats.verdict(ci) == stats.REPRODUCED
+    assert stats.interval_verdict(ci) == stats.REPRODUCED
     diff, ci = stats.bootstrap_diff([3.0], [1.0])  # one seed each
     assert diff == 2.0 and ci == (2.0, 2.0)
     # Identical arms of different sizes: the means differ in the last bit (0.1 * 3 / 3 != 0.1), not in fact.
     for n in (2, 3, 5, 7):
         assert stats.bootstrap_diff([0.1] * n, [0.1] * 4) == (0.0, (0.0, 0.0))
         assert stats.bootstrap_diff([0.7] * n, [0.7] * 4, paired=False)[1] == (0.0, 0.0)
-    assert stats.verdict(stats.bootstrap_diff([0.7] * 3, [0.7] * 4)[1]) == stats.INCONCLUSIVE
+    assert stats.interval_verdict(stats.bootstrap_diff([0.7] * 3, [0.7] * 4)[1]) == stats.INCONCLUSIVE
 
 
 def test_bootstrap_of_a_small_case_by_hand():
@@ -52,10 +53,10 @@ def test_bootstrap_of_a_small_case_by_hand():
     # 97.5th percentiles of 10,000 resamples are 0 and 1, and the interval touches 0: inconclusive.
     diff, ci = stats.bootstrap_diff([0.0, 1.0], [0.0])
     assert diff == 0.5 and ci == (0.0, 1.0)
-    assert stats.verdict(ci) == stats.INCONCLUSIVE
+    assert stats.interval_verdict(ci) == stats.INCONCLUSIVE
     # The opposite claim on the same data is the mirror image.
     diff, ci = stats.bootstrap_diff([0.0], [0.0, 1.0])
-    assert diff == -0.5 and ci == (-1.0, 0.0) and stats.verdict(ci) == stats.INCONCLUSIVE
+    assert diff == -0.5 and ci == (-1.0, 0.0) and stats.interval_verdict(ci) == stats.INCONCLUSIVE
 
 
 def test_bootstrap_with_a_known_ordering_and_the_opposite_one():
@@ -63,12 +64,12 @@ def test_bootstrap_with_a_known_ordering_and_the_opposite_one():
     diff, ci = stats.bootstrap_diff(a, b)
     assert diff == pytest.approx(np.mean(a) - np.mean(b))
     assert 0.15 < ci[0] < diff < ci[1] < 0.26  # means 0.538 and 0.33 (diff 0.208), standard error ~0.016
-    assert stats.verdict(ci) == stats.REPRODUCED
-    assert stats.verdict(stats.bootstrap_diff(b, a)[1]) == stats.NOT_REPRODUCED
-    assert stats.which_higher(ci, "x", "y") == "x > y"
-    assert stats.which_higher(stats.bootstrap_diff(b, a)[1], "x", "y") == "y > x"
+    assert stats.interval_verdict(ci) == stats.REPRODUCED
+    assert stats.interval_verdict(stats.bootstrap_diff(b, a)[1]) == stats.NOT_REPRODUCED
+    assert stats.which_higher(stats.interval_verdict(ci), "x", "y") == "x > y"
+    assert stats.which_higher(stats.interval_verdict(stats.bootstrap_diff(b, a)[1]), "x", "y") == "y > x"
     # Overlapping arms: inconclusive.
-    assert stats.verdict(stats.bootstrap_diff([0.1, 0.5, 0.3], [0.2, 0.4, 0.35])[1]) == stats.INCONCLUSIVE
+    assert stats.interval_verdict(stats.bootstrap_diff([0.1, 0.5, 0.3], [0.2, 0.4, 0.35])[1]) == stats.INCONCLUSIVE
 
 
 def test_bootstrap_is_seeded_and_paired_resamples_seeds_together():
@@ -89,14 +90,14 @@ def test_bootstrap_is_seeded_and_paired_resamples_seeds_together():
 
 
 def test_verdict_boundaries():
-    assert stats.verdict((1e-12, 1.0)) == stats.REPRODUCED
-    assert stats.verdict((0.0, 1.0)) == stats.INCONCLUSIVE  # an end at 0 contains 0
-    assert stats.verdict((0.0, 0.0)) == stats.INCONCLUSIVE  # identical arms
-    assert stats.verdict((-1.0, 0.0)) == stats.INCONCLUSIVE
-    assert stats.verdict((-1.0, -1e-12)) == stats.NOT_REPRODUCED
-    assert stats.verdict((-0.2, 0.3)) == stats.INCONCLUSIVE
+    assert stats.interval_verdict((1e-12, 1.0)) == stats.REPRODUCED
+    assert stats.interval_verdict((0.0, 1.0)) == stats.INCONCLUSIVE  # an end at 0 contains 0
+    assert stats.interval_verdict((0.0, 0.0)) == stats.INCONCLUSIVE  # identical arms
+    assert stats.interval_verdict((-1.0, 0.0)) == stats.INCONCLUSIVE
+    assert stats.interval_verdict((-1.0, -1e-12)) == stats.NOT_REPRODUCED
+    assert stats.interval_verdict((-0.2, 0.3)) == stats.INCONCLUSIVE
     with pytest.raises(ValueError, match="reversed"):
-        stats.verdict((1.0, 0.0))
+        stats.interval_verdict((1.0, 0.0))
 
 
 def test_windows_and_compare_entry():
@@ -114,8 +115,10 @@ def test_windows_and_compare_entry():
     entry = stats.compare([0.3, 0.5], [0.1], ("A", "B"))
     assert entry["arms"]["A"] == {"mean": 0.4, "std": pytest.approx(np.sqrt(0.02)), "n": 2, "per_seed": [0.3, 0.5]}
     assert entry["arms"]["B"]["std"] == 0.0 and entry["n_seeds"] == 1
-    assert entry["diff"] == pytest.approx(0.3) and entry["verdict"] == stats.REPRODUCED
-    assert stats.compare([0.3, 0.5], [0.1], ("A", "B"), claimed=False)["verdict"] == "A > B"
+    assert entry["diff"] == pytest.approx(0.3) and entry["bootstrap_verdict"] == stats.REPRODUCED
+    # One seed in B: Welch's interval is undefined, so the rule cannot order the arms.
+    assert entry["verdict"] == stats.INCONCLUSIVE and math.isnan(entry["t_dof"])
+    assert stats.compare([0.3, 0.5], [0.1], ("A", "B"), claimed=False)["bootstrap_verdict"] == "A > B"
 
 
 _seeds = st.lists(st.floats(-1.0, 1.0, allow_nan=False, allow_subnormal=False), min_size=1, max_size=6)
@@ -137,9 +140,9 @@ def test_bootstrap_interval_properties(a, b, paired, shift):
     assert min(a) - max(b) - tol <= diff <= max(a) - min(b) + tol
     # Arms that do not overlap (by more than rounding, 1e-12 here) are ordered whatever the resamples.
     if not paired and min(a) > max(b) + tol:
-        assert stats.verdict((lo, hi)) == stats.REPRODUCED
+        assert stats.interval_verdict((lo, hi)) == stats.REPRODUCED
     if not paired and max(a) < min(b) - tol:
-        assert stats.verdict((lo, hi)) == stats.NOT_REPRODUCED
+        assert stats.interval_verdict((lo, hi)) == stats.NOT_REPRODUCED
     # Shifting one arm shifts the interval by the same amount (same seeded resamples).
     _, (lo2, hi2) = stats.bootstrap_diff(np.add(a, shift), b, paired=paired, resamples=500)
     assert lo2 == pytest.approx(lo + shift, abs=1e-9) and hi2 == pytest.approx(hi + shift, abs=1e-9)
@@ -371,35 +374,41 @@ def _reward_logs(logs, names, top, level, rng, steps=12, extra=None):
 
 
 def test_figure_draws_from_logs_only_with_the_claims_statistics(fake_logs):
+    runs.set_seeds(8)  # 8 worlds: the exact sign-flip test can reach 1/256 < 0.025
+    worlds = list(range(8))
     rng = np.random.default_rng(0)
     for mode, level in (("mgrpo", 0.5), ("frozen_sub", 0.3), ("single_agent", 0.3)):
         _reward_logs(fake_logs, runs.stage2(mode), runs.top_name(mode), level, rng)
-    results = fig7_stage2_reward.main(["--plot-only"])
+    results = fig7_stage2_reward.main(["--plot-only", "--seeds", "8"])
     png = fake_logs.parent / "fig7_stage2_reward.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((fake_logs.parent / "results" / "fig7_stage2_reward.json").read_text())
     assert set(saved) == {"claims", "runs", "limit_shares"} | {
         f"{m}/{k}" for m in (*fig7_stage2_reward.MODES, "identical") for k in ("reward", "correct")}
-    assert saved["runs"]["mgrpo"] == {"names": runs.stage2("mgrpo"), "world_seeds": [0, 1, 2, 3, 4]}
+    assert saved["runs"]["mgrpo"] == {"names": runs.stage2("mgrpo"), "world_seeds": worlds}
     assert saved["limit_shares"]["single_agent"] == pytest.approx({"single/end/context": 0.02,
                                                                    "single/end/max_turns": 0.0})
     assert saved["limit_shares"]["mgrpo"]["sub/end/context"] == pytest.approx(0.01)
     assert saved["identical/reward"] == []  # independent noisy curves
     assert saved["identical/correct"] == [["frozen_sub", "single_agent"]]  # both constant 0.15
     assert saved["mgrpo/reward"]["last"] == pytest.approx(results["mgrpo/reward"]["last"])
-    assert saved["mgrpo/reward"]["n_seeds"] == 5 and saved["mgrpo/reward"]["last_window_steps"] == [9, 12]
+    assert saved["mgrpo/reward"]["n_seeds"] == 8 and saved["mgrpo/reward"]["last_window_steps"] == [9, 12]
     first, second = saved["claims"]
     assert first["claim"] == "stage-2 reward: mgrpo > frozen_sub" and first["verdict"] == "reproduced"
+    # 0.2 apart on every world: only "every sign kept" of the 256 patterns reaches the observed sum.
+    assert first["p_value"] == 1 / 256 and first["t_interval"][0] > 0.19 and first["t_dof"] == 7
     assert second["claim"] == "stage-2 reward: frozen_sub > single_agent" and second["verdict"] == "inconclusive"
+    assert second["p_value"] > 0.025 and second["t_interval"][0] < 0 < second["t_interval"][1]
     for claim in saved["claims"]:
-        assert claim["n_seeds"] == 5 and claim["window"] == 4 and claim["window_steps"] == [9, 12]
+        assert claim["n_seeds"] == 8 and claim["window"] == 4 and claim["window_steps"] == [9, 12]
         assert claim["paired"]  # the modes of a seed share its world, warm start and stage-1 checkpoint
-        assert claim["world_seeds"] == {label: [0, 1, 2, 3, 4] for label in claim["order"]}
+        assert claim["world_seeds"] == {label: worlds for label in claim["order"]}
+        assert claim["verdict_rule"] == stats.VERDICT_RULE and claim["p_method"].startswith("exact sign-flip")
         lo, hi = claim["ci95"]
         assert lo <= hi
         a, b = (claim["arms"][label] for label in claim["order"])
         assert claim["diff"] == pytest.approx(a["mean"] - b["mean"])
-        assert len(a["per_seed"]) == 5 and a["std"] == pytest.approx(np.std(a["per_seed"], ddof=1))
+        assert len(a["per_seed"]) == 8 and a["std"] == pytest.approx(np.std(a["per_seed"], ddof=1))
     # Each seed's value is its mean over steps 9..12 of the logged reward.
     rows = runs.rl_rows("stage2_mgrpo_s3")
     assert first["arms"]["mgrpo"]["per_seed"][3] == pytest.approx(np.mean([r["main/reward"] for r in rows[-4:]]))
@@ -418,8 +427,11 @@ def test_fig5_claim_is_paired_over_seeds(fake_logs):
     (claim,) = results["claims"]
     assert claim["paired"] and claim["n_seeds"] == 3 and claim["window"] == 5
     assert claim["window_steps"] == [12, 16] and claim["first_window_steps"] == [1, 5]
-    assert claim["diff"] == pytest.approx(0.2, abs=0.005) and claim["verdict"] == "reproduced"
+    assert claim["diff"] == pytest.approx(0.2, abs=0.005) and claim["bootstrap_verdict"] == "reproduced"
     assert claim["ci95"][0] > 0.19  # unpaired, the seeds' spread (0.3 apart) would swamp the rise
+    assert claim["t_interval"][0] > 0.19 and claim["t_dof"] == 2
+    # Three worlds cannot pass the rule: the smallest one-sided sign-flip p is 1/8.
+    assert claim["p_value"] == 1 / 8 and claim["verdict"] == "inconclusive"
 
 
 def _all_logs(logs, rng, seeds):
@@ -450,7 +462,10 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
         assert (out / f"{figure}.png").read_bytes()[:4] == b"\x89PNG"
         assert (out / "results" / f"{figure}.json").exists()
     results = {f: json.loads((out / "results" / f"{f}.json").read_text()) for f in figures}
-    verdicts = {c["claim"]: c["verdict"] for f in figures for c in results[f].get("claims", [])}
+    # Three worlds: no claim passes the rule (smallest one-sided p 1/8), whatever the interval says.
+    assert {c["verdict"] for f in figures for c in results[f].get("claims", []) + results[f].get("comparisons", [])
+            } == {"inconclusive"}
+    verdicts = {c["claim"]: c["bootstrap_verdict"] for f in figures for c in results[f].get("claims", [])}
     assert verdicts == {
         "stage-1 reward rises (last vs first window)": "reproduced",
         "held-out accuracy (GAIA-style): mgrpo > frozen_sub": "reproduced",
@@ -462,17 +477,20 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     }
     for f in figures:
         for entry in results[f].get("claims", []) + results[f].get("comparisons", []):
-            assert {"n_seeds", "window", "window_steps", "arms", "diff", "ci95", "verdict"} <= set(entry)
+            assert {"n_seeds", "window", "window_steps", "arms", "diff", "ci95", "t_interval", "t_dof", "p_value",
+                    "p_method", "verdict", "verdict_rule", "mdd", "world_seeds"} <= set(entry)
             assert entry["n_seeds"] == 3 and all({"mean", "std"} <= set(a) for a in entry["arms"].values())
     # Fig. 6 is tested on the last evaluation (step 12) only: 3 evaluations, the last third is one.
     assert results["fig6_accuracy"]["claims"][0]["window_steps"] == [12, 12]
     controls = results["fig6_accuracy"]["controls"]
     assert controls["transfer_gap"]["diff"] == pytest.approx(0.05, abs=0.02)  # fresh logged 0.05 above validation
     assert controls["transfer_gap"]["paired"] and controls["transfer_gap"]["n_seeds"] == 3
+    assert controls["transfer_gap"]["world_seeds"] == [0, 1, 2] and len(controls["transfer_gap"]["per_world"]) == 3
+    assert controls["transfer_gap"]["p_alternative"] == "two-sided" and "t_interval" in controls["transfer_gap"]
     assert controls["blind"]["validation"]["mean"] == pytest.approx(0.01)
     assert results["fig8_sync"]["work_per_step"] == {"synchronised": {"updates": 1.0, "trajectories": 300.0},
                                                      "unsynchronised": {"updates": 1.0, "trajectories": 290.0}}
-    ablation = {c["claim"]: c["verdict"] for f in ablations.FIGURES for c in results[f]["comparisons"]}
+    ablation = {c["claim"]: c["bootstrap_verdict"] for f in ablations.FIGURES for c in results[f]["comparisons"]}
     # An ablation run and its default run share the world, warm start and stage-1 checkpoint: paired by world.
     assert all(c["paired"] for f in ablations.FIGURES for c in results[f]["comparisons"])
     assert ablation["main/reward: mask vs duplicate"] == "duplicate > mask"
@@ -483,6 +501,10 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     assert (out / "shared_policy.png").read_bytes()[:4] == b"\x89PNG"
     shared = json.loads((out / "results" / "shared_policy.json").read_text())
     assert len(shared["claims"]) == 4 and len(shared["comparisons"]) == 6
+    # The fourth 2 x 2 cell has no logs here: pending, with its two pairs, and nothing else is held up.
+    assert shared["pending"] == {"distinct_matpo": "stage2_distinct_matpo_s{0,1,2}"}
+    assert shared["pending_pairs"] == ["mgrpo vs distinct_matpo (credit on distinct models)",
+                                       "distinct_matpo vs matpo (distinct vs shared models, MATPO credit)"]
     assert shared["systems"]["mgrpo"]["params"]["total"] is None  # no params.json among these logs
     printed = capsys.readouterr().out
     assert "[figures] shared_policy: no parameter count for stage2_mgrpo_s{0,1,2}, " in printed
@@ -493,6 +515,10 @@ def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, cap
     assert "| [Fig. 7](experiments/figures/fig7_stage2_reward.png) | stage-2 reward: mgrpo > frozen_sub | " in text
     fig8 = next(line for line in lines if "synchronised > unsynchronised" in line)
     assert fig8.endswith("| 3 | **inconclusive** |") and "`synchronised` 0.5" in fig8
+    assert " (2 dof) | " in fig8  # the paired t-interval over 3 worlds
+    assert lines[0].startswith("| figure | paper's claim | here: ") and lines[0].count("|") == 10
+    assert "| 95 % t-interval (dof) | exact permutation p (one-sided) |" in lines[0]
+    assert table_module.RULE_LINE in lines and stats.VERDICT_RULE in table_module.RULE_LINE
     assert "steps 9–12" in fig8
     assert sum(line.startswith("| [alignment]") for line in lines) == 2
     assert "99th percentile 1 over 3 seeds" in text  # 5/3/0 per step: p99 is d = 1
@@ -684,10 +710,13 @@ def test_collecting_a_run_writes_its_learners_parameter_counts(tmp_path, fake_lo
 # Per system: the training correctness over steps 9-12 (the last window of 12 steps) is TOP + 0.01 * seed (BASE
 # before), and the held-out sets at the last evaluation (step 12) are h, h + 0.06 and h + 0.03 with h per seed,
 # so the held-out accuracy is h + 0.03.
-SHARED_TOP = {"mgrpo": 0.6, "shared_mgrpo": 0.5, "matpo": 0.45, "shared2x": 0.55, "single_agent": 0.3}
+SHARED_TOP = {"mgrpo": 0.6, "shared_mgrpo": 0.5, "matpo": 0.45, "distinct_matpo": 0.52, "shared2x": 0.55,
+              "single_agent": 0.3}
 SHARED_HELDOUT = {"mgrpo": (0.4, 0.5, 0.6), "shared_mgrpo": (0.3, 0.4, 0.5), "matpo": (0.2, 0.3, 0.4),
+                  "distinct_matpo": (0.35, 0.45, 0.55),
                   "shared2x": (0.5, 0.4, 0.6), "single_agent": (0.3, 0.4, 0.5)}
-SHARED_PARAMS = {"mgrpo": {"main": 169_856, "sub": 169_856}, "shared_mgrpo": {"shared": 169_856},
+SHARED_PARAMS = {"mgrpo": {"main": 169_856, "sub": 169_856}, "distinct_matpo": {"main": 169_856, "sub": 169_856},
+                 "shared_mgrpo": {"shared": 169_856},
                  "matpo": {"shared": 169_856}, "shared2x": {"shared": 353_056}, "single_agent": {"single": 169_856}}
 
 
@@ -697,12 +726,24 @@ def _heldout_row(step, h):
             **{f"eval_blind/{k}/accuracy": 0.0 for k in sets}}
 
 
+def _loss_row(system):
+    """The loss settings a training row logs per learner: MATPO's recipe in the `matpo` logs (clip 0.2 / 0.2, token
+    mean: the denominator is the token count), as the five-world logs have it; the `grpo` defaults elsewhere."""
+    matpo = system == "matpo"
+    out = {}
+    for learner in SHARED_PARAMS[system]:
+        out.update({f"{learner}/loss/eps_low": 0.2, f"{learner}/loss/eps_high": 0.2 if matpo else 0.28,
+                    f"{learner}/loss/kl_coef": 0.0, f"{learner}/train/tokens": 100.0,
+                    f"{learner}/train/loss_denominator": 100.0 if matpo else 40.0})
+    return out
+
+
 def _shared_logs(logs, seeds=range(3), skip=()):
     for system, top in SHARED_TOP.items():
         key = shared_policy.correct_key(system)
         for s in seeds:
             h, name = SHARED_HELDOUT[system][s], f"stage2_{system}_s{s}"
-            rows = [{"step": t, key: (top if t > 8 else 0.1) + 0.01 * s} for t in range(1, 13)]
+            rows = [{"step": t, key: (top if t > 8 else 0.1) + 0.01 * s, **_loss_row(system)} for t in range(1, 13)]
             if system == "single_agent":  # trained without evaluations; its evaluation run has one, at step 0
                 _write_logs(logs, f"eval_single_agent_s{s}", [_heldout_row(0, h)])
             else:
@@ -725,7 +766,10 @@ def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
     assert saved["claims"] == json.loads(json.dumps(results["claims"]))
     systems = saved["systems"]
     assert {s: systems[s]["params"]["total"] for s in SHARED_TOP} == {
-        "mgrpo": 339_712, "shared_mgrpo": 169_856, "matpo": 169_856, "shared2x": 353_056, "single_agent": 169_856}
+        "mgrpo": 339_712, "shared_mgrpo": 169_856, "matpo": 169_856, "distinct_matpo": 339_712, "shared2x": 353_056,
+        "single_agent": 169_856}
+    assert saved["system_order"] == list(shared_policy.SYSTEMS) and saved["pending"] == {}
+    assert saved["pending_pairs"] == []
     assert systems["mgrpo"]["params"]["learners"] == {"main": 169_856, "sub": 169_856}
     assert systems["mgrpo"]["params"]["per_seed"] == [339_712] * 3 and not systems["mgrpo"]["params"]["missing"]
     assert saved["params_ratio_shared2x_to_mgrpo"] == pytest.approx(353_056 / 339_712)
@@ -745,14 +789,19 @@ def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
     assert [e["claim"] for e in saved["claims"]][:2] == ["training correct: matpo > single_agent (MATPO's claim)",
                                                          "held-out accuracy: matpo > single_agent (MATPO's claim)"]
     entries = {(e["claim"].split(":")[0], *e["order"]): e for e in saved["claims"] + saved["comparisons"]}
-    # (metric, A, B): (diff, verdict). The training differences are the same at every seed, so the interval is that
-    # point; held-out, mgrpo - shared2x is -0.1, +0.1 and 0 over the seeds.
+    # (metric, A, B): (diff, bootstrap verdict). The training differences are the same at every seed, so the
+    # bootstrap interval is that point; held-out, mgrpo - shared2x is -0.1, +0.1 and 0 over the seeds. Under the
+    # rule every one is inconclusive: over 3 worlds the smallest one-sided sign-flip p is 1/8.
     train, held = "training correct", "held-out accuracy"
     expected = {
         (train, "mgrpo", "shared_mgrpo"): (0.1, "mgrpo > shared_mgrpo"),
         (held, "mgrpo", "shared_mgrpo"): (0.1, "mgrpo > shared_mgrpo"),
         (train, "shared_mgrpo", "matpo"): (0.05, "shared_mgrpo > matpo"),
         (held, "shared_mgrpo", "matpo"): (0.1, "shared_mgrpo > matpo"),
+        (train, "mgrpo", "distinct_matpo"): (0.08, "mgrpo > distinct_matpo"),
+        (held, "mgrpo", "distinct_matpo"): (0.05, "mgrpo > distinct_matpo"),
+        (train, "distinct_matpo", "matpo"): (0.07, "distinct_matpo > matpo"),
+        (held, "distinct_matpo", "matpo"): (0.15, "distinct_matpo > matpo"),
         (train, "mgrpo", "shared2x"): (0.05, "mgrpo > shared2x"),
         (held, "mgrpo", "shared2x"): (0.0, "inconclusive"),
         (train, "matpo", "single_agent"): (0.15, "reproduced"),
@@ -763,25 +812,47 @@ def test_shared_policy_claims_and_parameter_counts_from_logs(fake_logs, capsys):
     assert set(entries) == set(expected)
     for key, (diff, verdict) in expected.items():
         entry = entries[key]
-        assert entry["diff"] == pytest.approx(diff, abs=1e-9) and entry["verdict"] == verdict, key
-        assert entry["n_seeds"] == 3 and entry["paired"]
+        assert entry["diff"] == pytest.approx(diff, abs=1e-9) and entry["bootstrap_verdict"] == verdict, key
+        assert entry["verdict"] == "inconclusive" and entry["n_seeds"] == 3 and entry["paired"]
         assert entry["world_seeds"] == {label: [0, 1, 2] for label in entry["order"]}
+        assert entry["differs"].startswith(shared_policy.DIFFERS[key[1:]])
         if verdict != "inconclusive":
             assert entry["ci95"] == pytest.approx([diff, diff], abs=1e-9)
+            assert entry["t_interval"] == pytest.approx([diff, diff], abs=1e-9) and entry["t_dof"] == 2
+            # All three worlds one way: 1 of the 8 sign patterns reaches the observed sum (2 of 8 two-sided).
+            a, b = entry["order"]
+            assert entry["p_one_sided"] == ({f"{a} > {b}": 1 / 8, f"{b} > {a}": 1.0} if diff > 0 else
+                                            {f"{a} > {b}": 1.0, f"{b} > {a}": 1 / 8})
+            claimed = entry["p_alternative"] != "two-sided"
+            assert entry["p_value"] == (entry["p_one_sided"][f"{a} > {b}"] if claimed else 2 / 8)
         assert entry["window_steps"] == ([9, 12] if key[0] == train else [12, 12])
+    # Each pair states what differs; the matpo logs' loss settings (MATPO's recipe) differ from the others', which
+    # the entries say beside the registry's design.
+    assert entries[(train, "mgrpo", "shared_mgrpo")]["differs"] == (
+        "model count (2 vs 1; parameters 338,304 vs 169,152 at vocab 589)")
+    assert entries[(train, "mgrpo", "distinct_matpo")]["differs"] == "credit"
+    assert entries[(held, "distinct_matpo", "matpo")]["differs"] == (
+        "model count; in these logs also the loss configuration (`loss_in_logs`)")
+    assert entries[(train, "shared_mgrpo", "matpo")]["loss_in_logs"] == {
+        "shared_mgrpo": {"aggregation": ["row-mean"], "eps_high": [0.28], "eps_low": [0.2], "kl_coef": [0.0]},
+        "matpo": {"aggregation": ["token-mean"], "eps_high": [0.2], "eps_low": [0.2], "kl_coef": [0.0]}}
+    assert entries[(held, "mgrpo", "shared2x")]["p_value"] == 1.0  # differences -0.1, +0.1, 0: the observed 0
     lo, hi = entries[(held, "mgrpo", "shared2x")]["ci95"]
     assert lo < 0 < hi
     assert entries[(train, "mgrpo", "single_agent")]["metric"] == {"mgrpo": "main/correct",
                                                                    "single_agent": "single/correct"}
     assert saved["runs"]["matpo"] == {"names": runs.stage2("matpo"), "world_seeds": [0, 1, 2]}
     text = "\n".join(table_module.shared_policy_table(saved))
-    assert text.count("| [shared policy](experiments/figures/shared_policy.png) |") == 10
-    assert ("| training correct: matpo > single_agent (MATPO's claim) | `matpo` 0.460 ± 0.010; `single_agent` 0.310 "
-            "± 0.010 (steps 9–12) | +0.150 [+0.150, +0.150] | 0.000 | 3 | **reproduced** |") in text
+    assert text.count("| [shared policy](experiments/figures/shared_policy.png) |") == 14
+    assert ("| training correct: matpo > single_agent (MATPO's claim) | architecture (one model delegating to itself "
+            "in separate contexts vs one agent in one context) and credit (MATPO's vs the single agent's GRPO); in "
+            "these logs also the loss configuration (`loss_in_logs`) | `matpo` 0.460 ± 0.010; `single_agent` 0.310 "
+            "± 0.010 (steps 9–12) | +0.150 [+0.150, +0.150] | [+0.150, +0.150] (2 dof) | 0.125 | 0.000 | 3 | "
+            "**inconclusive** |") in text
     assert "`mgrpo` vs `shared2x`" not in text and "(step 12) |" in text
     assert ("Parameters (all learners of a system): `mgrpo` 339,712 (main 169,856 + sub 169,856); `shared_mgrpo` "
-            "169,856; `matpo` 169,856; `shared2x` 353,056; `single_agent` 169,856. `shared2x` / `mgrpo` = 1.039."
-            ) in text
+            "169,856; `matpo` 169,856; `distinct_matpo` 339,712 (main 169,856 + sub 169,856); `shared2x` 353,056; "
+            "`single_agent` 169,856. `shared2x` / `mgrpo` = 1.039.") in text
 
 
 def test_shared_policy_draws_the_ready_systems_and_names_the_pending_ones(fake_logs, capsys):
@@ -792,27 +863,34 @@ def test_shared_policy_draws_the_ready_systems_and_names_the_pending_ones(fake_l
     assert capsys.readouterr().out.startswith(
         "[figures] shared_policy: drawn without matpo, single_agent (no collected log yet for stage2_matpo_s{1,2}, "
         "stage2_single_agent_s0, eval_single_agent_s2)")
-    assert results["system_order"] == ["mgrpo", "shared_mgrpo", "shared2x"]
+    assert results["system_order"] == ["mgrpo", "shared_mgrpo", "distinct_matpo", "shared2x"]
     assert results["pending"] == {"matpo": "stage2_matpo_s{1,2}",
                                   "single_agent": "stage2_single_agent_s0, eval_single_agent_s2"}
-    # Only the pairs of ready systems: no claim (both claims compare with single_agent), two comparisons x 2.
+    # Only the pairs of ready systems: no claim (both claims compare with single_agent), three comparisons x 2.
     assert results["claims"] == []
-    assert {tuple(e["order"]) for e in results["comparisons"]} == {("mgrpo", "shared_mgrpo"), ("mgrpo", "shared2x")}
-    assert set(results["runs"]) == {"mgrpo", "shared_mgrpo", "shared2x"}
+    assert {tuple(e["order"]) for e in results["comparisons"]} == {
+        ("mgrpo", "shared_mgrpo"), ("mgrpo", "distinct_matpo"), ("mgrpo", "shared2x")}
+    assert results["pending_pairs"] == [
+        "shared_mgrpo vs matpo (credit on one shared model)",
+        "distinct_matpo vs matpo (distinct vs shared models, MATPO credit)",
+        "matpo > single_agent (MATPO's claim)", "mgrpo > single_agent (M-GRPO's claim)"]
+    assert set(results["runs"]) == {"mgrpo", "shared_mgrpo", "distinct_matpo", "shared2x"}
     saved = json.loads((fake_logs.parent / "results" / "shared_policy.json").read_text())
     text = "\n".join(table_module.shared_policy_table(saved))
     assert ("Not yet in the comparison (no collected log yet): `matpo` (stage2_matpo_s{1,2}); `single_agent` "
-            "(stage2_single_agent_s0, eval_single_agent_s2).") in text
+            "(stage2_single_agent_s0, eval_single_agent_s2). Pairs waiting for them: shared_mgrpo vs matpo (credit "
+            "on one shared model); ") in text
 
 
 def test_shared_policy_skips_the_figure_with_fewer_than_two_systems_ready(fake_logs, capsys):
     runs.set_seeds(2)
     _shared_logs(fake_logs, seeds=range(2), skip=("stage2_shared_mgrpo_s0", "stage2_matpo_s1",
-                                                   "stage2_shared2x_s0", "stage2_single_agent_s1"))
+                                                   "stage2_distinct_matpo_s0", "stage2_shared2x_s0",
+                                                   "stage2_single_agent_s1"))
     assert shared_policy.main(["--plot-only", "--seeds", "2"]) is None
     assert capsys.readouterr().out.strip() == (
         "[figures] shared_policy: skipped, no collected log yet for stage2_shared_mgrpo_s0, stage2_matpo_s1, "
-        "stage2_shared2x_s0, stage2_single_agent_s1")
+        "stage2_distinct_matpo_s0, stage2_shared2x_s0, stage2_single_agent_s1")
     assert not (fake_logs.parent / "shared_policy.png").exists()
     assert not (fake_logs.parent / "results").exists()
     assert table_module.render(str(fake_logs.parent / "results")).rstrip().endswith("shared_policy.")
