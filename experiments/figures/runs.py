@@ -2,11 +2,13 @@
 
 Every run is `launch/tpu_run.py` in a subprocess with its own workdir under `--root` (default
 `runs/figures`), so each is resumable (a restarted run continues from its latest checkpoint) and a finished
-one is never run twice. The lineage is the paper's curriculum, once per seed s = 0..4:
+one is never run twice. The lineage is the paper's curriculum, once per world s = 0..7 (`SEEDS`, chosen once):
 
     warm_mgrpo_s{s} -> stage1_mgrpo_s{s}                                       (Fig. 5)
+                       stage1_mgrpo_s{s} -> curriculum_s{s}     (the world's stage-2 question pool, filtered once)
                        stage1_mgrpo_s{s} -> stage2_{mgrpo,frozen_sub,mgrpo_unsync}_s{s}   (Figs. 6-8, d_k)
                                          -> abl_{align_mask,beta_noexpert,dmax_low,dmax_high}_s{s} (ablations)
+                                         -> stage2_distinct_matpo_s{s}   (two agents, MATPO's credit: the 2 x 2)
     warm_single_s{s} -> stage1_single_s{s} -> stage2_single_agent_s{s}                    (Fig. 7)
                                              -> eval_single_agent_s{s}          (its held-out accuracy)
     warm_shared_s{s} -> stage1_shared_s{s} -> stage2_{shared_mgrpo,matpo}_s{s}   (one shared model, issue 29)
@@ -16,19 +18,27 @@ A seed varies everything a user would vary: seed s is its own world (`env.seed` 
 questions), its own supervised warm start (cloning that world's scripted experts) and its own stage-1
 checkpoint, besides the RL sampling, the question order and the alignment draws. The modes of one seed share
 its world, warm start and stage-1 checkpoint, so a claim's per-seed differences are paired by world, and its
-interval over seeds says whether the ordering holds across worlds. The ablations are stage-2 `mgrpo` runs with
-one setting changed; the D ablation's two values are chosen from the d_k histogram of the finished stage-2
-`mgrpo` runs (below and above its 99th percentile, `dmax_choice`), so those runs wait for them. A finished run's
-`metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl` (and its learners' parameter counts to
-`<run>.params.json`); the figure scripts plot from those copies, so the committed logs redraw every figure without
-re-training (`--plot-only`).
+interval over seeds says whether the ordering holds across worlds. Every stage-2 run of a world trains on one
+question pool, `curriculum_s{s}`'s: the stage-1 mgrpo system of that world poses the pool's questions in
+counterfactual twins (as the RL steps do) and keeps those it finds hard, once; so the comparisons across lineages
+(frozen_sub vs single_agent, the shared-policy pairs) train on the same questions. The ablations are stage-2
+`mgrpo` runs with one setting changed; the D ablation's two values are chosen from the d_k histogram of the
+stage-2 `mgrpo` runs of the first `N_DMAX_WORLDS` worlds (below and above its 99th percentile, `dmax_choice`), so
+those runs wait for them. A finished run's `metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl` (and
+its learners' parameter counts to `<run>.params.json`); the figure scripts plot from those copies, so the committed
+logs redraw every figure without re-training (`--plot-only`), and the set resumes from them on another machine:
+a run whose log is collected trains again only when a run that must train starts from its checkpoint
+(`to_train`). Runs start world by world, so an interrupted set leaves whole worlds collected.
 
 The shared-policy runs (experiments/figures/shared_policy.py) train one model for both roles (modes
 `shared_mgrpo` and `matpo`, learner `shared`, built from `config.main`) through the same curriculum: a warm start
 and stage 1 of their own in mode `shared_mgrpo`, then stage 2 with M-GRPO's credit or MATPO's from the same
-stage-1 checkpoint, evaluated as `stage2_mgrpo`. `shared2x` is the parameter-matched control: the same lineage
-with one model about as large as the two compact agents together (`SHARED2X_OVERRIDES`). `eval_single_agent_s{s}`
-evaluates the finished stage-2 single agent (whose run skips the evaluations) at its step 0 and stops.
+stage-1 checkpoint, evaluated as `stage2_mgrpo`. `stage2_distinct_matpo` is the 2 x 2's fourth cell: the two
+distinct agents of `stage2_mgrpo` trained with MATPO's credit. Every cell and `shared2x` train with one loss
+configuration (`LOSS_2X2`), so a pair differs only in what `shared_policy.DIFFERS` says. `shared2x` is the
+parameter-matched control: the same lineage with one model about as large as the two compact agents together
+(`SHARED2X_OVERRIDES`). `eval_single_agent_s{s}` evaluates the finished stage-2 single agent (whose run skips the
+evaluations) at its step 0 and stops.
 """
 
 from __future__ import annotations
@@ -50,11 +60,16 @@ from mgrpo_jax.runtime.metrics import ema_curve, read_jsonl
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.join(REPO, "experiments", "figures")
 LOGS = os.path.join(HERE, "logs")
-N_SEEDS = 5  # seeds per curve (`--seeds N` for a quicker, weaker partial set)
+# The worlds of the set, chosen once before any of its runs (issue 36): worlds 0-7, each its own `env.seed`; every
+# claim and comparison has these 8 per arm, so an exact sign-flip test can reach p = 1/256 (5 worlds: 1/32).
+# `--seeds N` runs a quicker, weaker partial set.
+N_SEEDS = 8
 SEEDS = tuple(range(N_SEEDS))
-# The ablations (beyond the paper) run the first 3 of those seeds, against the default runs of the same seeds: the
-# whole set then fits its 2-hour budget on 2 cores.
-N_ABLATION_SEEDS = 3
+# The ablations (beyond the paper) run the same worlds as the claims, against the default runs of those worlds.
+N_ABLATION_SEEDS = N_SEEDS
+# D for the d_max ablation comes from the d_k histogram of the stage-2 mgrpo runs of the first worlds only, so a
+# world's ablations need not wait for every world's stage 2 (the set finishes world by world).
+N_DMAX_WORLDS = 2
 STAGE2_MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
 NO_EVAL = (("train.eval_every", 0), ("train.eval_at_start", False))
 # Both stages run the preset's `train.steps` (and stage 2 evaluates every `train.eval_every`); an int here gives
@@ -78,6 +93,14 @@ SHARED2X_OVERRIDES = (("main.model_overrides.d_model", 96), ("main.model_overrid
 # `eval_single_agent_s{s}`: the finished stage-2 single agent evaluated once (step 0) and nothing else; a stage-2
 # success bound of 1 keeps every question, so the curriculum filter's rollouts are skipped.
 EVAL_ONLY = (("train.steps", 0), ("train.eval_at_start", True), ("env.stage2_max_success", 1.0))
+# The world's stage-2 question pool: `curriculum_s{s}` filters it once (its stage-1 mgrpo system, posing the
+# questions in twins as the RL steps do) and every stage-2 run of the world trains on it, so the claims across
+# lineages (frozen_sub vs single_agent, the shared-policy pairs) train on the same questions.
+CURRICULUM_KEY = "env.curriculum_file"
+FILTER_ONLY = (("train.steps", 0), ("train.eval_at_start", False), ("train.eval_every", 0))
+# One loss configuration for every cell of the shared-policy 2 x 2 and its parameter-matched control: the agents'
+# own loss settings (the `grpo` defaults, as stage2_mgrpo trains), not MATPO's recipe that mode `matpo` defaults to.
+LOSS_2X2 = (("loss_recipe", "default"),)
 DMAX_FILE = "dmax.json"
 DK_HIST = "d_k/hist/"  # a metrics row's d_k histogram: d_k/hist/<d> = rollouts with d sub-calls
 PARAMS_SUFFIX = ".params.json"
@@ -115,9 +138,12 @@ class Run:
 
 
 def resolve(root: str, value):
-    """An override's value; "dmax:low" / "dmax:high" become the D chosen from the stage-2 d_k histogram."""
+    """An override's value; "dmax:low" / "dmax:high" become the D chosen from the stage-2 d_k histogram, and
+    "curriculum:<s>" world s's question pool (`curriculum_file`)."""
     if isinstance(value, str) and value.startswith("dmax:"):
         return dmax_choice(root)[value.split(":", 1)[1]]
+    if isinstance(value, str) and value.startswith("curriculum:"):
+        return curriculum_file(root, int(value.split(":", 1)[1]))
     return value
 
 
@@ -134,30 +160,41 @@ def _registry(seeds=SEEDS) -> dict[str, Run]:
         runs += [Run(f"warm_mgrpo_s{s}", "mgrpo", "stage1", s, overrides=warm),
                  Run(f"warm_single_s{s}", "single_agent", "stage1", s, overrides=warm),
                  Run(f"stage1_mgrpo_s{s}", "mgrpo", "stage1", s, f"warm_mgrpo_s{s}", NO_EVAL),
-                 Run(f"stage1_single_s{s}", "single_agent", "stage1", s, f"warm_single_s{s}", NO_EVAL)]
+                 Run(f"stage1_single_s{s}", "single_agent", "stage1", s, f"warm_single_s{s}", NO_EVAL),
+                 # The world's one stage-2 question pool: the mgrpo system's stage-1 checkpoint filters it, in twins.
+                 Run(f"curriculum_s{s}", "mgrpo", "stage2", s, f"stage1_mgrpo_s{s}", FILTER_ONLY)]
     for mode in STAGE2_MODES:
         stage1 = "stage1_single" if mode == "single_agent" else "stage1_mgrpo"
         # Fig. 6 compares mgrpo with frozen_sub only; the other modes skip the (costly) avg@3 evaluations.
         overrides = _stage2(evaluate=mode in ("mgrpo", "frozen_sub"))
-        runs += [Run(f"stage2_{mode}_s{s}", mode, "stage2", s, f"{stage1}_s{s}", overrides) for s in seeds]
-    baseline = tuple(f"stage2_mgrpo_s{s}" for s in seeds)
+        runs += [_stage2_run(f"stage2_{mode}_s{s}", mode, s, f"{stage1}_s{s}", overrides) for s in seeds]
+    dmax_worlds = tuple(f"stage2_mgrpo_s{s}" for s in SEEDS[:N_DMAX_WORLDS])
     for ablation, changes in ABLATIONS.items():
-        after = baseline if ablation.startswith("dmax_") else ()  # D is chosen from their d_k histogram
-        runs += [Run(f"abl_{ablation}_s{s}", "mgrpo", "stage2", s, f"stage1_mgrpo_s{s}",
-                     _stage2(evaluate=False) + changes, after) for s in seeds[:N_ABLATION_SEEDS]]
+        after = dmax_worlds if ablation.startswith("dmax_") else ()  # D is chosen from their d_k histogram
+        runs += [_stage2_run(f"abl_{ablation}_s{s}", "mgrpo", s, f"stage1_mgrpo_s{s}",
+                             _stage2(evaluate=False) + changes, after) for s in seeds[:N_ABLATION_SEEDS]]
     evaluated = _stage2(evaluate=True)
-    for s in seeds:  # one shared model for both roles (experiments/figures/shared_policy.py)
+    for s in seeds:  # one shared model for both roles (experiments/figures/shared_policy.py), and the 2 x 2's cells
         runs += [Run(f"warm_shared_s{s}", "shared_mgrpo", "stage1", s, overrides=warm),
                  Run(f"stage1_shared_s{s}", "shared_mgrpo", "stage1", s, f"warm_shared_s{s}", NO_EVAL),
-                 Run(f"stage2_shared_mgrpo_s{s}", "shared_mgrpo", "stage2", s, f"stage1_shared_s{s}", evaluated),
-                 Run(f"stage2_matpo_s{s}", "matpo", "stage2", s, f"stage1_shared_s{s}", evaluated),
+                 _stage2_run(f"stage2_shared_mgrpo_s{s}", "shared_mgrpo", s, f"stage1_shared_s{s}",
+                             evaluated + LOSS_2X2),
+                 _stage2_run(f"stage2_matpo_s{s}", "matpo", s, f"stage1_shared_s{s}", evaluated + LOSS_2X2),
+                 _stage2_run(f"stage2_distinct_matpo_s{s}", "mgrpo", s, f"stage1_mgrpo_s{s}",
+                             evaluated + LOSS_2X2 + (("credit", "matpo"),)),
                  Run(f"warm_shared2x_s{s}", "shared_mgrpo", "stage1", s, overrides=warm + SHARED2X_OVERRIDES),
                  Run(f"stage1_shared2x_s{s}", "shared_mgrpo", "stage1", s, f"warm_shared2x_s{s}",
                      NO_EVAL + SHARED2X_OVERRIDES),
-                 Run(f"stage2_shared2x_s{s}", "shared_mgrpo", "stage2", s, f"stage1_shared2x_s{s}",
-                     evaluated + SHARED2X_OVERRIDES),
-                 Run(f"eval_single_agent_s{s}", "single_agent", "stage2", s, f"stage2_single_agent_s{s}", EVAL_ONLY)]
+                 _stage2_run(f"stage2_shared2x_s{s}", "shared_mgrpo", s, f"stage1_shared2x_s{s}",
+                             evaluated + LOSS_2X2 + SHARED2X_OVERRIDES),
+                 _stage2_run(f"eval_single_agent_s{s}", "single_agent", s, f"stage2_single_agent_s{s}", EVAL_ONLY)]
     return {run.name: run for run in runs}
+
+
+def _stage2_run(name: str, mode: str, s: int, init: str, overrides: tuple, after: tuple = ()) -> Run:
+    """A stage-2 run of world `s` on the world's one question pool (`curriculum_s{s}`'s kept questions)."""
+    return Run(name, mode, "stage2", s, init, overrides + ((CURRICULUM_KEY, f"curriculum:{s}"),),
+               (f"curriculum_s{s}", *after))
 
 
 RUNS = _registry()
@@ -223,20 +260,23 @@ def dmax_from_counts(counts) -> dict:
 def dmax_choice(root: str) -> dict:
     """The D values of the d_max ablation, fixed once in `<root>/dmax.json` (so resumed runs keep them).
 
-    Computed from the d_k histogram over every step of the finished `stage2_mgrpo_s*` runs, unless `--d-low` /
+    Computed from the d_k histogram over every step of the `stage2_mgrpo_s*` runs of the first `N_DMAX_WORLDS`
+    worlds (their workdirs, or their collected logs), unless `--d-low` /
     `--d-high` set them; a flag that disagrees with a choice already used by a started run is an error.
     """
     path = os.path.join(root, DMAX_FILE)
-    if os.path.exists(path):
-        with open(path) as f:
+    collected = os.path.join(LOGS, DMAX_FILE)
+    if os.path.exists(path) or os.path.exists(collected):
+        with open(path if os.path.exists(path) else collected) as f:
             choice = json.load(f)
     else:
-        names = [f"stage2_mgrpo_s{s}" for s in SEEDS]
-        missing = [n for n in names if not is_done(root, n)]
+        names = [f"stage2_mgrpo_s{s}" for s in SEEDS[:N_DMAX_WORLDS]]
+        missing = [n for n in names if not (is_done(root, n) or has_log(n))]
         if missing:
             raise RuntimeError(f"D for the d_max ablation comes from runs {missing}, which are not finished")
-        rows = {n: [r for r in read_jsonl(os.path.join(workdir(root, n), "metrics.jsonl")) if f"{DK_HIST}0" in r]
-                for n in names}
+        logs = {n: os.path.join(workdir(root, n), "metrics.jsonl") if is_done(root, n)
+                else os.path.join(LOGS, f"{n}.jsonl") for n in names}
+        rows = {n: [r for r in read_jsonl(log) if f"{DK_HIST}0" in r] for n, log in logs.items()}
         choice = {**dmax_from_counts(stats.summed_counts(rows, DK_HIST)), "from_runs": names, "source": "data"}
     for arm, value in DMAX_FLAGS.items():
         if value is None or value == choice[arm]:
@@ -256,6 +296,14 @@ def dmax_choice(root: str) -> dict:
 # -- running ----------------------------------------------------------------------------------------------------
 
 
+def curriculum_file(root: str, s: int) -> str:
+    """World s's question pool: the filter run's curriculum.json, or its collected copy (`logs/`)."""
+    name = f"curriculum_s{s}"
+    if is_done(root, name):
+        return os.path.join(workdir(root, name), "curriculum.json")
+    return os.path.join(LOGS, f"{name}.curriculum.json")
+
+
 def collect_log(root: str, name: str) -> str:
     """Copies a finished run's metrics (and its stage-2 curriculum, if any) next to the figures."""
     os.makedirs(LOGS, exist_ok=True)
@@ -266,7 +314,8 @@ def collect_log(root: str, name: str) -> str:
     if os.path.exists(curriculum):
         with open(curriculum) as f:
             kept = json.load(f)
-        kept["kept"] = len(kept["kept"])  # the count; the ids are regenerated from the seed
+        if not name.startswith("curriculum_s"):  # a world's pool keeps its ids: later runs train on them
+            kept["kept"] = len(kept["kept"])  # the count; the ids are regenerated from the seed
         with open(os.path.join(LOGS, f"{name}.curriculum.json"), "w") as f:
             json.dump(kept, f, indent=1, sort_keys=True)
     if name.startswith("abl_dmax_") and os.path.exists(os.path.join(root, DMAX_FILE)):
@@ -306,15 +355,43 @@ def _owner(root: str, name: str) -> int | None:
     return pid
 
 
-def ensure(names, root: str, jobs: int = 2) -> None:
-    """Runs every missing run of `names` (and those they need), up to `jobs` at a time, then collects logs.
+def to_train(names, root: str) -> list[str]:
+    """The runs of `lineage(names)` that must train here, parents first.
 
-    Of the runs ready to start, those that more runs need go first (the long chain of warm start, stage 1 and
-    stage 2 before the leaves). A run already being trained by another invocation (a live pid in
-    `<root>/<run>.pid`) is waited for, not started twice, so figure scripts can be started side by side.
+    A run trains unless it finished under `root` or its log is collected (`logs/<run>.jsonl`, committed): the whole
+    set resumes from the committed logs on another machine. A run that is collected but not finished here still
+    trains when a run that trains starts from its checkpoint (`init`), which only a finished workdir holds; the
+    runs a run waits for (`after`) need only be finished or collected."""
+    order = lineage(names)
+    train: set[str] = set()
+    for name in reversed(order):  # a run's children are decided before it
+        started_from = any(RUNS[child].init == name for child in train)
+        if not is_done(root, name) and (not has_log(name) or started_from):
+            train.add(name)
+    return [n for n in order if n in train]
+
+
+def ready(name: str, root: str, training) -> bool:
+    """Whether `name` can start: its init run finished here, and every run it waits for finished or collected
+    (and not about to train again)."""
+    run = RUNS[name]
+    if run.init and not is_done(root, run.init):
+        return False
+    return all(is_done(root, p) or (has_log(p) and p not in training) for p in run.after)
+
+
+def ensure(names, root: str, jobs: int = 2) -> None:
+    """Trains the runs of `names` (and those they need) that `to_train` names, up to `jobs` at a time, and
+    collects each one's log as it finishes.
+
+    World by world: of the runs ready to start, the lowest world goes first, and within it those that more runs
+    need (the chain of warm start, stage 1 and stage 2 before the leaves), so an interrupted set leaves whole
+    worlds collected. A run already being trained by another invocation (a live pid in `<root>/<run>.pid`) is
+    waited for, not started twice, so figure scripts can be started side by side.
     """
-    todo = [n for n in lineage(names) if not is_done(root, n)]
-    rank = {n: (-descendants(n), i) for i, n in enumerate(todo)}
+    todo = to_train(names, root)
+    training = set(todo)
+    rank = {n: (RUNS[n].world, -descendants(n), i) for i, n in enumerate(todo)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     os.makedirs(root, exist_ok=True)
     while todo or running:
@@ -326,12 +403,18 @@ def ensure(names, root: str, jobs: int = 2) -> None:
             os.remove(os.path.join(root, f"{name}.pid"))
             if code != 0 or not is_done(root, name):
                 raise RuntimeError(f"run {name} failed (exit {code}); see {os.path.join(root, name + '.log')}")
+            collect_log(root, name)
+            training.discard(name)
             print(f"[figures] {name} done in {time.monotonic() - start:.0f} s", flush=True)
-        todo = [n for n in todo if not is_done(root, n)]  # some may have been finished by another invocation
-        ready = sorted((n for n in todo if all(is_done(root, p) for p in RUNS[n].needs) and not _owner(root, n)),
-                       key=rank.__getitem__)
-        while ready and len(running) < jobs:
-            name = ready.pop(0)
+        finished = [n for n in todo if is_done(root, n)]  # some may have been finished by another invocation
+        for name in finished:
+            collect_log(root, name)
+            training.discard(name)
+        todo = [n for n in todo if n not in finished]
+        startable = sorted((n for n in todo if ready(n, root, training) and not _owner(root, n)),
+                           key=rank.__getitem__)
+        while startable and len(running) < jobs:
+            name = startable.pop(0)
             todo.remove(name)
             command = RUNS[name].command(root)
             print(f"[figures] starting {name}", flush=True)
@@ -340,13 +423,14 @@ def ensure(names, root: str, jobs: int = 2) -> None:
             with open(os.path.join(root, f"{name}.pid"), "w") as f:
                 f.write(str(proc.pid))
             running[name] = (proc, time.monotonic())
-        waiting = [n for n in todo if _owner(root, n) or not all(is_done(root, p) for p in RUNS[n].needs)]
+        waiting = [n for n in todo if _owner(root, n) or not ready(n, root, training)]
         if not running and todo and not any(_owner(root, n) for n in lineage(todo) if not is_done(root, n)):
             raise RuntimeError(f"runs {todo} cannot start: a run they need is neither finished nor running")
         if running or waiting:
             time.sleep(2)
     for name in lineage(names):
-        collect_log(root, name)
+        if is_done(root, name):
+            collect_log(root, name)
 
 
 def parse_args(description: str, argv=None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:

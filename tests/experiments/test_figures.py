@@ -152,34 +152,63 @@ def test_bootstrap_interval_properties(a, b, paired, shift):
 
 
 def test_each_seed_is_its_own_world_warm_start_and_stage1_checkpoint():
-    assert runs.SEEDS == (0, 1, 2, 3, 4)
+    assert runs.SEEDS == tuple(range(8))  # the eight worlds, chosen once
     for s in runs.SEEDS:
         # Every run of seed s trains on world s, from seed s's own warm start and stage-1 checkpoint.
         lineage = [n for n in runs.RUNS if n.endswith(f"_s{s}")]
         assert {runs.RUNS[n].world for n in lineage} == {s}
         assert runs.RUNS[f"stage1_mgrpo_s{s}"].init == f"warm_mgrpo_s{s}"
         assert runs.RUNS[f"stage1_single_s{s}"].init == f"warm_single_s{s}"
-        for mode in ("mgrpo", "frozen_sub", "mgrpo_unsync"):
+        for mode in ("mgrpo", "frozen_sub", "mgrpo_unsync", "distinct_matpo"):
             assert runs.RUNS[f"stage2_{mode}_s{s}"].init == f"stage1_mgrpo_s{s}"
         assert runs.RUNS[f"stage2_single_agent_s{s}"].init == f"stage1_single_s{s}"
+        assert runs.RUNS[f"curriculum_s{s}"].init == f"stage1_mgrpo_s{s}"
     for mode in runs.STAGE2_MODES:
-        assert runs.worlds(runs.stage2(mode)) == [0, 1, 2, 3, 4]  # distinct worlds, one per seed
+        assert runs.worlds(runs.stage2(mode)) == list(range(8))  # distinct worlds, one per seed
     for ablation in runs.ABLATIONS:
-        assert sorted(runs.RUNS[n].seed for n in runs.ablation(ablation)) == [0, 1, 2]
-    # 4 paper runs and 4 stage-2 modes per seed, 4 ablations, and the shared-policy comparison's 8 per seed.
-    assert len(runs.RUNS) == 4 * 5 + 4 * 5 + 4 * runs.N_ABLATION_SEEDS + 8 * 5
+        assert sorted(runs.RUNS[n].seed for n in runs.ablation(ablation)) == list(range(8))
+    # Per world: 4 warm-start/stage-1 runs and the pool's filter, 4 stage-2 modes, 4 ablations, and the shared-policy
+    # comparison's 9 (its 2 x 2's fourth cell included).
+    assert len(runs.RUNS) == 8 * (5 + 4 + 4 + 9)
     assert runs.lineage(["stage2_mgrpo_s2", "stage2_frozen_sub_s1"]) == [
-        "warm_mgrpo_s2", "stage1_mgrpo_s2", "stage2_mgrpo_s2", "warm_mgrpo_s1", "stage1_mgrpo_s1",
-        "stage2_frozen_sub_s1"]
-    # The D ablation waits for every default stage-2 run (its D comes from their d_k histogram).
-    assert runs.lineage(["abl_dmax_high_s2"])[-1] == "abl_dmax_high_s2"
-    assert set(runs.stage2("mgrpo")) < set(runs.lineage(["abl_dmax_high_s2"]))
-    assert runs.lineage(["abl_align_mask_s1"]) == ["warm_mgrpo_s1", "stage1_mgrpo_s1", "abl_align_mask_s1"]
+        "warm_mgrpo_s2", "stage1_mgrpo_s2", "curriculum_s2", "stage2_mgrpo_s2", "warm_mgrpo_s1", "stage1_mgrpo_s1",
+        "curriculum_s1", "stage2_frozen_sub_s1"]
+    # The D ablation waits for the default stage-2 runs of the first N_DMAX_WORLDS worlds (its D comes from their
+    # d_k histogram), not for every world's.
+    dmax_lineage = runs.lineage(["abl_dmax_high_s5"])
+    assert dmax_lineage[-1] == "abl_dmax_high_s5"
+    assert {"stage2_mgrpo_s0", "stage2_mgrpo_s1"} < set(dmax_lineage)
+    assert not {"stage2_mgrpo_s2", "stage2_mgrpo_s5"} & set(dmax_lineage)
+    assert runs.lineage(["abl_align_mask_s1"]) == ["warm_mgrpo_s1", "stage1_mgrpo_s1", "curriculum_s1",
+                                                   "abl_align_mask_s1"]
     assert runs.descendants("stage1_mgrpo_s0") > runs.descendants("stage2_mgrpo_s0") > 0
-    # Its three stage-2 modes, and the six D-ablation runs that wait for stage2_mgrpo_s4 (no ablation runs seed 4).
-    assert runs.descendants("stage1_mgrpo_s4") == 3 + 6
     with pytest.raises(KeyError, match="unknown run 'nope'"):
         runs.lineage(["nope"])
+
+
+def test_every_stage2_run_of_a_world_trains_on_its_one_question_pool(tmp_path, fake_logs):
+    stage2 = [run for run in runs.RUNS.values() if run.stage == "stage2" and not run.name.startswith("curriculum_")]
+    assert len(stage2) == 8 * 13
+    for run in stage2:
+        assert f"curriculum_s{run.seed}" in run.after, run.name
+        assert (runs.CURRICULUM_KEY, f"curriculum:{run.seed}") in run.overrides, run.name
+    # The pool's file: the filter run's own when it finished here, else its collected copy (with the ids kept).
+    cmd = runs.RUNS["stage2_single_agent_s3"].command(str(tmp_path))
+    assert f"--config.env.curriculum_file={fake_logs}/curriculum_s3.curriculum.json" in cmd
+    work = tmp_path / "curriculum_s3"
+    work.mkdir()
+    (work / "metrics.jsonl").write_text("")
+    (work / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
+    (work / "curriculum.json").write_text(json.dumps({"kept": ["stage2-4", "stage2-9"], "world_seed": 3}))
+    cmd = runs.RUNS["stage2_single_agent_s3"].command(str(tmp_path))
+    assert f"--config.env.curriculum_file={work}/curriculum.json" in cmd
+    runs.collect_log(str(tmp_path), "curriculum_s3")
+    assert json.loads((fake_logs / "curriculum_s3.curriculum.json").read_text())["kept"] == ["stage2-4", "stage2-9"]
+    # Every cell of the 2 x 2 and the parameter-matched control train with one loss configuration.
+    for stem in ("shared_mgrpo", "matpo", "distinct_matpo", "shared2x"):
+        assert set(runs.LOSS_2X2) <= set(runs.RUNS[f"stage2_{stem}_s0"].overrides), stem
+    assert ("credit", "matpo") in runs.RUNS["stage2_distinct_matpo_s0"].overrides
+    assert runs.RUNS["stage2_distinct_matpo_s0"].mode == "mgrpo"
 
 
 def test_seed_count_is_a_flag():
@@ -233,8 +262,8 @@ def _fake_workdir(root, name, hist_rows):
     (path / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
 
 
-def test_dmax_is_chosen_from_the_stage2_histogram_and_pinned(tmp_path):
-    runs.set_seeds(2)
+def test_dmax_is_chosen_from_the_stage2_histogram_and_pinned(tmp_path, fake_logs):
+    runs.set_seeds(3)  # the first N_DMAX_WORLDS = 2 worlds' runs choose D
     with pytest.raises(RuntimeError, match="not finished"):
         runs.dmax_choice(str(tmp_path))
     # 200 rollouts over two runs: d_k = 0/1/2/3/4 in 100/60/38/2/0; the 99th percentile is 2 (198 of 200 <= 2).
@@ -294,10 +323,34 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     assert runs.rl_rows("abl_dmax_high_s0")[0]["d_max"] == "4"
     assert runs.rl_rows("stage2_mgrpo_s0")[0]["d_max"] == "preset"
     assert not list(root.glob("*.pid"))
+    # On another machine (a new root) the collected logs are the set: nothing trains again.
+    runs.ensure(list(runs.RUNS), str(tmp_path / "elsewhere"), jobs=1)
+    assert "starting" not in capsys.readouterr().out
+    # A leaf without its log trains again, and so does the chain whose checkpoint it starts from; the pool's
+    # filter it waits for is collected, so it does not.
+    (fake_logs / "abl_align_mask_s0.jsonl").unlink()
+    assert runs.to_train(list(runs.RUNS), str(tmp_path / "elsewhere")) == [
+        "warm_mgrpo_s0", "stage1_mgrpo_s0", "abl_align_mask_s0"]
     # One at a time, the order is the priority: the runs that most others need first.
+    for log in fake_logs.glob("*.jsonl"):
+        log.unlink()
     runs.ensure(list(runs.RUNS), str(tmp_path / "serial"), jobs=1)
     started = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "starting" in line]
-    assert started[:2] == ["warm_mgrpo_s0", "stage1_mgrpo_s0"]  # the run most others need, then its child
+    assert started[:3] == ["warm_mgrpo_s0", "stage1_mgrpo_s0", "curriculum_s0"]  # the runs most others need
+
+
+def test_the_set_runs_world_by_world(tmp_path, fake_logs, monkeypatch, capsys):
+    runs.set_seeds(3)
+    monkeypatch.setattr(runs.Run, "command", lambda self, root: [sys.executable, "-c", _FAKE_RUN,
+                                                                 runs.workdir(root, self.name), "preset"])
+    monkeypatch.setattr(runs.time, "sleep", lambda s: None)
+    runs.ensure(list(runs.RUNS), str(tmp_path / "root"), jobs=1)
+    started = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "starting" in line]
+    world = [runs.RUNS[name].world for name in started]
+    # World 2 starts after every run of worlds 0 and 1: an interrupted set leaves whole worlds collected (world 0's
+    # D ablations wait for world 1's stage 2, so worlds 0 and 1 interleave at their end).
+    assert world.index(2) == sum(w < 2 for w in world)
+    assert world[:world.index(1)] == [0] * world.index(1)
 
 
 # -- reading logs and drawing -------------------------------------------------------------------------------
@@ -588,8 +641,8 @@ def test_a_run_is_done_only_when_its_summary_says_finished(tmp_path, monkeypatch
 
 # -- the shared-policy comparison (issue 29) -----------------------------------------------------------------
 
-SHARED_NEW = ("warm_shared", "stage1_shared", "stage2_shared_mgrpo", "stage2_matpo", "warm_shared2x", "stage1_shared2x",
-              "stage2_shared2x", "eval_single_agent")
+SHARED_NEW = ("warm_shared", "stage1_shared", "stage2_shared_mgrpo", "stage2_matpo", "stage2_distinct_matpo",
+              "warm_shared2x", "stage1_shared2x", "stage2_shared2x", "eval_single_agent")
 
 
 def _compact_agent() -> dict:
@@ -600,45 +653,53 @@ def _compact_agent() -> dict:
 
 def test_the_registry_has_the_shared_policy_runs_and_keeps_the_others():
     warm = (("train.steps", 0), ("train.eval_at_start", False))
-    x2 = runs.SHARED2X_OVERRIDES
+    x2, loss = runs.SHARED2X_OVERRIDES, runs.LOSS_2X2
     for s in runs.SEEDS:
-        expected = {  # name: (mode, stage, init, overrides)
-            f"warm_mgrpo_s{s}": ("mgrpo", "stage1", None, warm),
-            f"warm_single_s{s}": ("single_agent", "stage1", None, warm),
-            f"stage1_mgrpo_s{s}": ("mgrpo", "stage1", f"warm_mgrpo_s{s}", runs.NO_EVAL),
-            f"stage1_single_s{s}": ("single_agent", "stage1", f"warm_single_s{s}", runs.NO_EVAL),
-            f"stage2_mgrpo_s{s}": ("mgrpo", "stage2", f"stage1_mgrpo_s{s}", ()),
-            f"stage2_frozen_sub_s{s}": ("frozen_sub", "stage2", f"stage1_mgrpo_s{s}", ()),
-            f"stage2_mgrpo_unsync_s{s}": ("mgrpo_unsync", "stage2", f"stage1_mgrpo_s{s}", runs.NO_EVAL),
-            f"stage2_single_agent_s{s}": ("single_agent", "stage2", f"stage1_single_s{s}", runs.NO_EVAL),
+        pool = ((runs.CURRICULUM_KEY, f"curriculum:{s}"),)
+        expected = {  # name: (mode, stage, init, overrides, after)
+            f"warm_mgrpo_s{s}": ("mgrpo", "stage1", None, warm, ()),
+            f"warm_single_s{s}": ("single_agent", "stage1", None, warm, ()),
+            f"stage1_mgrpo_s{s}": ("mgrpo", "stage1", f"warm_mgrpo_s{s}", runs.NO_EVAL, ()),
+            f"stage1_single_s{s}": ("single_agent", "stage1", f"warm_single_s{s}", runs.NO_EVAL, ()),
+            f"curriculum_s{s}": ("mgrpo", "stage2", f"stage1_mgrpo_s{s}", runs.FILTER_ONLY, ()),
+            f"stage2_mgrpo_s{s}": ("mgrpo", "stage2", f"stage1_mgrpo_s{s}", pool, (f"curriculum_s{s}",)),
+            f"stage2_frozen_sub_s{s}": ("frozen_sub", "stage2", f"stage1_mgrpo_s{s}", pool, (f"curriculum_s{s}",)),
+            f"stage2_mgrpo_unsync_s{s}": ("mgrpo_unsync", "stage2", f"stage1_mgrpo_s{s}", runs.NO_EVAL + pool,
+                                          (f"curriculum_s{s}",)),
+            f"stage2_single_agent_s{s}": ("single_agent", "stage2", f"stage1_single_s{s}", runs.NO_EVAL + pool,
+                                          (f"curriculum_s{s}",)),
             # the shared-policy comparison
-            f"warm_shared_s{s}": ("shared_mgrpo", "stage1", None, warm),
-            f"stage1_shared_s{s}": ("shared_mgrpo", "stage1", f"warm_shared_s{s}", runs.NO_EVAL),
-            f"stage2_shared_mgrpo_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared_s{s}", ()),
-            f"stage2_matpo_s{s}": ("matpo", "stage2", f"stage1_shared_s{s}", ()),
-            f"warm_shared2x_s{s}": ("shared_mgrpo", "stage1", None, warm + x2),
-            f"stage1_shared2x_s{s}": ("shared_mgrpo", "stage1", f"warm_shared2x_s{s}", runs.NO_EVAL + x2),
-            f"stage2_shared2x_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared2x_s{s}", x2),
+            f"warm_shared_s{s}": ("shared_mgrpo", "stage1", None, warm, ()),
+            f"stage1_shared_s{s}": ("shared_mgrpo", "stage1", f"warm_shared_s{s}", runs.NO_EVAL, ()),
+            f"stage2_shared_mgrpo_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared_s{s}", loss + pool,
+                                          (f"curriculum_s{s}",)),
+            f"stage2_matpo_s{s}": ("matpo", "stage2", f"stage1_shared_s{s}", loss + pool, (f"curriculum_s{s}",)),
+            f"stage2_distinct_matpo_s{s}": ("mgrpo", "stage2", f"stage1_mgrpo_s{s}",
+                                            loss + (("credit", "matpo"),) + pool, (f"curriculum_s{s}",)),
+            f"warm_shared2x_s{s}": ("shared_mgrpo", "stage1", None, warm + x2, ()),
+            f"stage1_shared2x_s{s}": ("shared_mgrpo", "stage1", f"warm_shared2x_s{s}", runs.NO_EVAL + x2, ()),
+            f"stage2_shared2x_s{s}": ("shared_mgrpo", "stage2", f"stage1_shared2x_s{s}", loss + x2 + pool,
+                                      (f"curriculum_s{s}",)),
             f"eval_single_agent_s{s}": ("single_agent", "stage2", f"stage2_single_agent_s{s}",
                                         (("train.steps", 0), ("train.eval_at_start", True),
-                                         ("env.stage2_max_success", 1.0))),
+                                         ("env.stage2_max_success", 1.0)) + pool, (f"curriculum_s{s}",)),
         }
-        for name, (mode, stage, init, overrides) in expected.items():
+        for name, (mode, stage, init, overrides, after) in expected.items():
             run = runs.RUNS[name]
             assert (run.mode, run.stage, run.init, run.overrides, run.seed, run.after) == (
-                mode, stage, init, overrides, s, ()), name
+                mode, stage, init, overrides, s, after), name
         for ablation, changes in runs.ABLATIONS.items():
             if s < runs.N_ABLATION_SEEDS:
                 run = runs.RUNS[f"abl_{ablation}_s{s}"]
-                assert (run.mode, run.init, run.overrides) == ("mgrpo", f"stage1_mgrpo_s{s}", runs.NO_EVAL + changes)
+                assert (run.mode, run.init, run.overrides) == ("mgrpo", f"stage1_mgrpo_s{s}",
+                                                               runs.NO_EVAL + changes + pool)
     assert sorted(n for n in runs.RUNS if n.rsplit("_s", 1)[0] in SHARED_NEW) == sorted(
         f"{stem}_s{s}" for stem in SHARED_NEW for s in runs.SEEDS)
-    assert runs.lineage(["stage2_matpo_s1"]) == ["warm_shared_s1", "stage1_shared_s1", "stage2_matpo_s1"]
-    assert runs.lineage(["eval_single_agent_s0"]) == ["warm_single_s0", "stage1_single_s0", "stage2_single_agent_s0",
+    assert runs.lineage(["stage2_matpo_s1"]) == ["warm_shared_s1", "stage1_shared_s1", "warm_mgrpo_s1",
+                                                 "stage1_mgrpo_s1", "curriculum_s1", "stage2_matpo_s1"]
+    assert runs.lineage(["eval_single_agent_s0"]) == ["warm_single_s0", "stage1_single_s0", "warm_mgrpo_s0",
+                                                      "stage1_mgrpo_s0", "curriculum_s0", "stage2_single_agent_s0",
                                                       "eval_single_agent_s0"]
-    # The existing runs' order is kept (the scheduler breaks ties by it); the new ones come after them.
-    names = list(runs.RUNS)
-    assert names.index("abl_dmax_high_s2") < min(names.index(f"{stem}_s0") for stem in SHARED_NEW)
 
 
 def test_the_parameter_matched_model_has_about_the_two_agents_parameters():
@@ -663,7 +724,8 @@ def test_the_shared_policy_runs_parse_and_pass_the_config_checks():
 
     from mgrpo_jax.config import validate
 
-    for name in ("stage2_matpo_s0", "stage2_shared2x_s0", "eval_single_agent_s0"):
+    for name in ("stage2_matpo_s0", "stage2_shared2x_s0", "eval_single_agent_s0", "stage2_distinct_matpo_s0",
+                 "curriculum_s0"):
         argv = [sys.argv[0], *(c for c in runs.RUNS[name].command("/tmp")[2:] if not c.startswith("--workdir"))]
         values = flags.FlagValues()
         config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
@@ -675,6 +737,9 @@ def test_the_shared_policy_runs_parse_and_pass_the_config_checks():
             assert (config.main.model_overrides.d_model, config.main.model_overrides.mlp_dim) == (96, 384)
         if name == "eval_single_agent_s0":
             assert config.train.steps == 0 and config.train.eval_at_start and config.env.stage2_max_success == 1.0
+        if name != "curriculum_s0":  # every stage-2 run trains on its world's one pool, the 2 x 2 on one loss
+            assert config.env.curriculum_file.endswith("curriculum_s0.curriculum.json")
+            assert config.loss_recipe == "default" or name == "eval_single_agent_s0"
 
 
 def _model_config_json(path, **fields):
