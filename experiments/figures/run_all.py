@@ -65,6 +65,9 @@ def main(argv=None) -> None:
         control(args.root, args.jobs)
         runs.ensure(list(runs.RUNS), args.root, args.jobs)
         print(f"[figures] all {len(runs.RUNS)} runs finished in {(time.monotonic() - start) / 60:.1f} min", flush=True)
+        for kind, t in runs.wall_times(runs.RUNS).items():  # the set's cost, per run kind (collected records)
+            print(f"[figures] wall time {kind}: {t['runs']} runs, mean {t['mean_s']:.0f} s, total "
+                  f"{t['total_s'] / 60:.1f} min", flush=True)
     flags = ["--root", args.root, "--plot-only", "--seeds", str(len(runs.SEEDS))]
     for figure in FIGURES:
         figure.main(flags)

@@ -104,6 +104,12 @@ LOSS_2X2 = (("loss_recipe", "default"),)
 DMAX_FILE = "dmax.json"
 DK_HIST = "d_k/hist/"  # a metrics row's d_k histogram: d_k/hist/<d> = rollouts with d sub-calls
 PARAMS_SUFFIX = ".params.json"
+RUN_SUFFIX = ".run.json"  # a collected run's record: the set's design it belongs to, its world, pool and wall time
+# The set's design: bumped whenever what a run trains changes, so a log of an earlier design is trained again
+# (`to_train`) and never drawn beside this design's (`series`). Logs collected before records existed are the
+# five-world set of 2026-12-03.
+DESIGN = "eight-worlds-2026-12-04"
+EARLIER_DESIGN = "five-worlds-2026-12-03"
 DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
 
@@ -271,7 +277,7 @@ def dmax_choice(root: str) -> dict:
             choice = json.load(f)
     else:
         names = [f"stage2_mgrpo_s{s}" for s in SEEDS[:N_DMAX_WORLDS]]
-        missing = [n for n in names if not (is_done(root, n) or has_log(n))]
+        missing = [n for n in names if not (is_done(root, n) or has_current_log(n))]
         if missing:
             raise RuntimeError(f"D for the d_max ablation comes from runs {missing}, which are not finished")
         logs = {n: os.path.join(workdir(root, n), "metrics.jsonl") if is_done(root, n)
@@ -320,6 +326,12 @@ def collect_log(root: str, name: str) -> str:
             json.dump(kept, f, indent=1, sort_keys=True)
     if name.startswith("abl_dmax_") and os.path.exists(os.path.join(root, DMAX_FILE)):
         shutil.copyfile(os.path.join(root, DMAX_FILE), os.path.join(LOGS, DMAX_FILE))
+    summary_path = os.path.join(workdir(root, name), "summary.json")
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
+    record = {"design": DESIGN, "world": RUNS[name].world if name in RUNS else None,
+              "wall_time_s": summary.get("run", {}).get("wall_time_s"), "pool_hash": summary.get("env/pool_hash")}
+    with open(os.path.join(LOGS, f"{name}{RUN_SUFFIX}"), "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
     counts = param_counts(workdir(root, name))
     if counts:
         with open(os.path.join(LOGS, f"{name}{PARAMS_SUFFIX}"), "w") as f:
@@ -358,15 +370,15 @@ def _owner(root: str, name: str) -> int | None:
 def to_train(names, root: str) -> list[str]:
     """The runs of `lineage(names)` that must train here, parents first.
 
-    A run trains unless it finished under `root` or its log is collected (`logs/<run>.jsonl`, committed): the whole
-    set resumes from the committed logs on another machine. A run that is collected but not finished here still
-    trains when a run that trains starts from its checkpoint (`init`), which only a finished workdir holds; the
-    runs a run waits for (`after`) need only be finished or collected."""
+    A run trains unless it finished under `root` or its log is collected for this `DESIGN` (`logs/<run>.jsonl` and
+    its record, committed): the whole set resumes from the committed logs on another machine. A run that is
+    collected but not finished here still trains when a run that trains starts from its checkpoint (`init`), which
+    only a finished workdir holds; the runs a run waits for (`after`) need only be finished or collected."""
     order = lineage(names)
     train: set[str] = set()
     for name in reversed(order):  # a run's children are decided before it
         started_from = any(RUNS[child].init == name for child in train)
-        if not is_done(root, name) and (not has_log(name) or started_from):
+        if not is_done(root, name) and (not has_current_log(name) or started_from):
             train.add(name)
     return [n for n in order if n in train]
 
@@ -377,7 +389,7 @@ def ready(name: str, root: str, training) -> bool:
     run = RUNS[name]
     if run.init and not is_done(root, run.init):
         return False
-    return all(is_done(root, p) or (has_log(p) and p not in training) for p in run.after)
+    return all(is_done(root, p) or (has_current_log(p) and p not in training) for p in run.after)
 
 
 def ensure(names, root: str, jobs: int = 2) -> None:
@@ -465,6 +477,34 @@ def has_log(name: str) -> bool:
     return os.path.exists(os.path.join(LOGS, f"{name}.jsonl"))
 
 
+def design(name: str) -> str:
+    """The set's design a collected log belongs to (`DESIGN` of its record; `EARLIER_DESIGN` without one)."""
+    path = os.path.join(LOGS, f"{name}{RUN_SUFFIX}")
+    if not os.path.exists(path):
+        return EARLIER_DESIGN
+    with open(path) as f:
+        return json.load(f).get("design", EARLIER_DESIGN)
+
+
+def has_current_log(name: str) -> bool:
+    return has_log(name) and design(name) == DESIGN
+
+
+def wall_times(names) -> dict[str, dict]:
+    """Wall time per run kind (the name without its world) over the collected runs of `names` that recorded it:
+    {kind: {"runs", "mean_s", "max_s", "total_s"}}."""
+    kinds: dict[str, list[float]] = {}
+    for name in names:
+        path = os.path.join(LOGS, f"{name}{RUN_SUFFIX}")
+        if os.path.exists(path):
+            with open(path) as f:
+                seconds = json.load(f).get("wall_time_s")
+            if seconds is not None:
+                kinds.setdefault(name.rsplit("_s", 1)[0], []).append(float(seconds))
+    return {kind: {"runs": len(t), "mean_s": float(np.mean(t)), "max_s": float(np.max(t)), "total_s": float(sum(t))}
+            for kind, t in sorted(kinds.items())}
+
+
 def rl_rows(name: str) -> list[dict]:
     """The RL-step rows of a run's committed log (warm-start rows dropped)."""
     path = os.path.join(LOGS, f"{name}.jsonl")
@@ -475,6 +515,10 @@ def rl_rows(name: str) -> list[dict]:
 
 def series(names, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values [len(names), steps]) of `key` over the steps every run logged it."""
+    designs = {n: design(n) for n in names}
+    if len(set(designs.values())) > 1:
+        raise ValueError(f"runs {list(names)} were collected under different designs of the set ({designs}): "
+                         f"finish this design's runs before drawing, or draw the earlier set from its own logs")
     per_run = [{row["step"]: row[key] for row in rl_rows(n) if key in row} for n in names]
     steps = sorted(set.intersection(*(set(d) for d in per_run)))
     if not steps:

@@ -339,6 +339,27 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     assert started[:3] == ["warm_mgrpo_s0", "stage1_mgrpo_s0", "curriculum_s0"]  # the runs most others need
 
 
+def test_logs_of_an_earlier_design_train_again_and_are_never_drawn_beside_this_one(fake_logs, tmp_path):
+    for name in ("stage2_mgrpo_s0", "stage2_mgrpo_s1"):
+        _write_logs(fake_logs, name, [{"step": 1, "main/reward": 0.5}])
+    # Without records they are the earlier set's: trained again here, drawn together only with each other.
+    assert runs.design("stage2_mgrpo_s0") == runs.EARLIER_DESIGN and not runs.has_current_log("stage2_mgrpo_s0")
+    assert "stage2_mgrpo_s0" in runs.to_train(["stage2_mgrpo_s0"], str(tmp_path))
+    assert runs.series(["stage2_mgrpo_s0", "stage2_mgrpo_s1"], "main/reward")[1].tolist() == [[0.5], [0.5]]
+    work = tmp_path / "stage2_mgrpo_s1"
+    work.mkdir()
+    (work / "metrics.jsonl").write_text(json.dumps({"step": 1, "main/reward": 0.7}) + "\n")
+    (work / "summary.json").write_text(json.dumps({"run": {"status": "finished", "wall_time_s": 120.0},
+                                                   "env/pool_hash": "abc"}))
+    runs.collect_log(str(tmp_path), "stage2_mgrpo_s1")
+    record = json.loads((fake_logs / "stage2_mgrpo_s1.run.json").read_text())
+    assert record == {"design": runs.DESIGN, "world": 1, "wall_time_s": 120.0, "pool_hash": "abc"}
+    with pytest.raises(ValueError, match="different designs"):
+        runs.series(["stage2_mgrpo_s0", "stage2_mgrpo_s1"], "main/reward")
+    assert runs.wall_times(["stage2_mgrpo_s0", "stage2_mgrpo_s1"]) == {
+        "stage2_mgrpo": {"runs": 1, "mean_s": 120.0, "max_s": 120.0, "total_s": 120.0}}
+
+
 def test_the_set_runs_world_by_world(tmp_path, fake_logs, monkeypatch, capsys):
     runs.set_seeds(3)
     monkeypatch.setattr(runs.Run, "command", lambda self, root: [sys.executable, "-c", _FAKE_RUN,
