@@ -143,7 +143,13 @@ def figures(c) -> None:
     c.train.steps = 40
     c.train.eval_every = 20
     c.train.eval_runs = 3  # avg@3, as in the paper
-    c.train.eval_questions = 40
+    c.train.eval_questions = 0  # every question of each set
+    # The transfer gap's two sets, 160 questions each, with the same kinds in the same numbers (stratified): on a
+    # world the figures never use (100, experiments/figures/transfer_probe.py) the failures were entity-specific
+    # sub-agent misreads shared by all samples of a question, and its 40-question sets of a random kind mix
+    # differed by +0.075 where 120 trained texts and 78 new ones differed by -0.015 (docs/experiments.md).
+    c.env.sizes.validation = 160
+    c.env.sizes.fresh = 160
     c.train.eval_at_start = True
     # The held-out sets, plus the transfer gap's two (validation: stage-2 kinds over held-out facts; fresh: the same
     # kinds over training facts) and the blind control (every tool answering "none").

@@ -5,8 +5,9 @@ one query; a duplicated slot counts once per copy, exactly as the paper's aligne
 weight 0 (masked) is excluded from the statistics and gets advantage 0.
 
 Statistics are weighted by the per-slot weights, so a weight acts as a multiplicity. The standard
-deviation is the population one (1/N). A group whose weighted std is below `eps` is degenerate (all its
-rewards are equal) and gets advantage 0 under every option, so it contributes no gradient.
+deviation is the population one (1/N) by default; `ddof=1` gives the sample one (1/(N - 1), as `torch.std`
+computes it: MATPO's normalisation, mgrpo_jax/core/matpo.py). A group whose weighted std is below `eps` is
+degenerate (all its rewards are equal) and gets advantage 0 under every option, so it contributes no gradient.
 
 Options:
   scale="group"  divide by the group's std (GRPO);
@@ -50,15 +51,18 @@ def _shifted(rewards, weights):
     return rewards - jnp.take_along_axis(rewards, first[:, None], axis=-1)
 
 
-def group_moments(rewards, weights):
-    """Weighted count, mean and population std of each row of `rewards` [G, N]."""
+def group_moments(rewards, weights, ddof: int = 0):
+    """Weighted count, mean and std of each row of `rewards` [G, N]: the population std, or with `ddof=1` the
+    sample std (the squared deviations divided by count - 1; 0 for a group of one)."""
     rewards = jnp.asarray(rewards, jnp.float32)
     weights = jnp.asarray(weights, jnp.float32)
     shifted = _shifted(rewards, weights)
     count = weights.sum(-1)
     safe_count = jnp.maximum(count, 1e-12)
     shifted_mean = (weights * shifted).sum(-1) / safe_count
-    var = (weights * jnp.square(shifted - shifted_mean[:, None])).sum(-1) / safe_count
+    squares = (weights * jnp.square(shifted - shifted_mean[:, None])).sum(-1)
+    # ddof 0 keeps the population std's program exactly as it was (no subtraction of a zero).
+    var = squares / (jnp.maximum(count - ddof, 1e-12) if ddof else safe_count)
     return count, (rewards - shifted).mean(-1) + shifted_mean, jnp.sqrt(var)
 
 
@@ -68,13 +72,16 @@ def degenerate_groups(rewards, weights, eps: float = 1e-6):
     return (std < eps) | (count <= 0)
 
 
-def group_advantages(rewards, weights, *, scale="group", baseline="mean", eps=1e-6):
-    """Advantages for rows of a [G, N] reward matrix, each row one group; `weights` [G, N] >= 0."""
+def group_advantages(rewards, weights, *, scale="group", baseline="mean", eps=1e-6, ddof=0):
+    """Advantages for rows of a [G, N] reward matrix, each row one group; `weights` [G, N] >= 0. `ddof`: the
+    group std's delta degrees of freedom (0: population, 1: sample), for `scale="group"` and the degenerate test."""
     _check_options(scale, baseline)
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof={ddof!r} is not 0 (population std) or 1 (sample std)")
     rewards = jnp.asarray(rewards, jnp.float32)
     weights = jnp.asarray(weights, jnp.float32)
     valid = weights > 0
-    count, mean, std = group_moments(rewards, weights)
+    count, mean, std = group_moments(rewards, weights, ddof)
     if baseline == "mean":
         shifted = _shifted(rewards, weights)
         centred = shifted - (weights * shifted).sum(-1, keepdims=True) / jnp.maximum(count, 1e-12)[:, None]

@@ -75,6 +75,31 @@ def aggregate(token_losses, mask, weights, mode: str, max_tokens: int | None):
     return (weights * row_sum / norm).sum(), weights.sum()
 
 
+def role_denominators(mask, weights, roles, n_roles: int, aggregation: str):
+    """[n_roles] each role's own denominator under `aggregation` (`aggregate`'s second value over that role's rows
+    alone): its weighted rows for the row means, its weighted trained tokens for the token mean. `roles` [B] int
+    holds each row's role in 0..n_roles-1; `mask` [B, T] the trained tokens; `weights` [B]."""
+    mask = jnp.asarray(mask, jnp.float32)
+    own = jax.nn.one_hot(jnp.asarray(roles), n_roles, axis=0) * jnp.asarray(weights, jnp.float32)[None]  # [R, B]
+    zeros = jnp.zeros_like(mask)  # a denominator never depends on the losses
+    return jax.vmap(lambda w: aggregate(zeros, mask, w, aggregation, None)[1])(own)
+
+
+def balance_roles(mask, weights, roles, n_roles: int, aggregation: str):
+    """[B] row weights under which one batch's `loss_sum / denominator` (any aggregation: both are linear in the
+    row weights) is the mean, over the roles present, of each role's own normalised loss L_r / D_r: role r's
+    weights are scaled by D / (n * D_r), with D_r its own denominator (`role_denominators`), D their sum and n the
+    number of roles with D_r > 0. The batch's denominator stays D (the logged `loss_denominator` keeps its meaning),
+    and its loss sum becomes (D / n) * sum_r L_r / D_r. Micro-batches and devices add sums and denominators, so the
+    split changes nothing. A shared model's pooled batch (mgrpo_jax/rl/sides.py) weighs its roles so, as two
+    models would."""
+    weights = jnp.asarray(weights, jnp.float32)
+    own = role_denominators(mask, weights, roles, n_roles, aggregation)
+    present = own > 0
+    scale = jnp.where(present, own.sum() / (jnp.maximum(present.sum(), 1) * jnp.where(present, own, 1.0)), 0.0)
+    return weights * scale[jnp.asarray(roles)]
+
+
 def kl_penalty(logprobs, ref_logprobs, estimator: str):
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta: k1 or the low-variance k3."""
     if estimator not in KL_ESTIMATORS:
@@ -101,6 +126,12 @@ def ppo_clip_loss(
     (`kl_coef` times `kl_estimator`'s estimate, where the inputs carry `ref_logprobs`). No defaults here: the
     registered losses below hold them (`get_loss("grpo")` is this with grpo's).
 
+    Per token, with ratio r and advantage A: loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and with
+    `dual_clip` = c (> 1) a token with A < 0 takes min(that, -c A): its loss is capped at c |A| however large r
+    grows. That is verl's `compute_policy_loss` (verl/trainer/ppo/core_algos.py) with `clip_ratio_c` = c (MATPO
+    runs it at 3.0); the metrics then add `dual_clip_frac`, the share of trained tokens the cap binds on (verl's
+    `pg_clipfrac_lower`). With `dual_clip=None` the program is the plain clipped surrogate's.
+
     ratio_level: "token" (per-token ratio), "sequence" (the paper's trajectory ratio, the product of the
     token ratios, formed in log space) or "sequence-mean" (GSPO's length-normalised geometric mean).
     """
@@ -124,7 +155,9 @@ def ppo_clip_loss(
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
     surrogate = jnp.minimum(ratio * advantages, clipped_ratio * advantages)
+    dual_clipped = None
     if dual_clip is not None:
+        dual_clipped = (advantages < 0) & (surrogate < dual_clip * advantages)
         surrogate = jnp.where(advantages < 0, jnp.maximum(surrogate, dual_clip * advantages), surrogate)
     token_losses = -surrogate
     kl = None
@@ -145,6 +178,8 @@ def ppo_clip_loss(
         # k3 estimate of KL(old || new) from the old policy's samples.
         "approx_kl": _masked_mean(kl_penalty(inputs.old_logprobs, inputs.logprobs, "k3"), trained),
     }
+    if dual_clipped is not None:
+        metrics["dual_clip_frac"] = _masked_mean(dual_clipped.astype(jnp.float32), trained)
     if kl is not None:
         metrics["kl_ref"] = _masked_mean(kl, trained)
     if inputs.entropy is not None:

@@ -120,3 +120,17 @@ def test_jit_equals_eager():
             jitted = jax.jit(lambda r, w, kw=kw: sub_advantages(r, w, **kw))(rewards, weights)
             np.testing.assert_allclose(jitted, sub_advantages(rewards, weights, **kw), atol=1e-6)
     assert jnp.all(jnp.isfinite(jax.jit(main_advantages)(rewards[..., 0], weights[..., 0] > 0)))
+
+
+def test_ddof_1_divides_by_the_sample_std_and_weights_count_as_multiplicities():
+    # The paper's rewards: squared deviations sum to 8 * 0.15859375 = 1.26875; sample var 1.26875 / 7.
+    expected = (PAPER_REWARDS - 0.3125) / np.sqrt(1.26875 / 7)
+    np.testing.assert_allclose(main_advantages(PAPER_REWARDS, ddof=1), expected, rtol=1e-5)
+    # Weight 2 on one slot counts it twice: [1, 0, 0 (x2)] -> mean 1/4, squares 9/16 + 3 * 1/16 = 3/4, var 3/4 / 3.
+    out = main_advantages(np.array([[1.0, 0.0, 0.0]], np.float32), np.array([[1.0, 1.0, 2.0]]), ddof=1)
+    np.testing.assert_allclose(out, [[0.75 / 0.5, -0.25 / 0.5, -0.25 / 0.5]], rtol=1e-5)
+    # A group of one valid slot has no sample std: degenerate, advantage 0 (no division by count - 1 = 0).
+    np.testing.assert_array_equal(main_advantages(np.array([[0.7, 0.1]], np.float32), np.array([[1.0, 0.0]]),
+                                                  ddof=1), [[0.0, 0.0]])
+    with pytest.raises(ValueError, match="ddof=2"):
+        main_advantages(PAPER_REWARDS, ddof=2)

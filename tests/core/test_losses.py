@@ -17,7 +17,7 @@ from mgrpo_jax.core import (
     register_loss,
     resolve_loss_hparams,
 )
-from mgrpo_jax.core.losses import AGGREGATIONS
+from mgrpo_jax.core.losses import AGGREGATIONS, balance_roles, role_denominators
 
 GRPO = get_loss("grpo")  # ppo_clip_loss with grpo's defaults: what most tests here exercise
 
@@ -115,6 +115,36 @@ def test_dual_clip_bounds_the_loss_for_negative_advantages():
         _loss(inputs, dual_clip=0.5)
 
 
+def test_dual_clip_is_verls_clip_ratio_c_token_by_token():
+    """verl's compute_policy_loss with clip_ratio_c = 3: for A < 0, min(max(-A r, -A clip(r)), -3 A). One row of
+    four trained tokens at A = -2: ratios 5 (capped: min(10, 6) = 6), 2 (max(4, 2.56) = 4, under the cap), 0.5
+    (max(1, 1.6) = 1.6), 1 (2); and a row at A = +2 with ratio 5: -min(10, 2.56) = -2.56, untouched by the cap."""
+    lp = np.log(np.array([[5.0, 2.0, 0.5, 1.0], [5.0, 1.0, 1.0, 1.0]]))
+    mask = np.array([[1, 1, 1, 1], [1, 0, 0, 0]])
+    inputs = _inputs(lp, np.zeros((2, 4)), [-2.0, 2.0], mask)
+    loss_sum, denom, metrics = GRPO(inputs, dual_clip=3.0, aggregation="token-mean")
+    np.testing.assert_allclose(loss_sum, 6.0 + 4.0 + 1.6 + 2.0 - 2.56, rtol=1e-6)
+    assert float(denom) == 5
+    np.testing.assert_allclose(metrics["dual_clip_frac"], 1 / 5)  # the ratio-5 token at A < 0 only
+    plain_sum, _, plain = GRPO(inputs, aggregation="token-mean")
+    np.testing.assert_allclose(plain_sum, 10.0 + 4.0 + 1.6 + 2.0 - 2.56, rtol=1e-6)
+    assert "dual_clip_frac" not in plain  # off: the metrics (and the program) are the plain surrogate's
+    for bad in (1.0, 0.5, -3.0):
+        with pytest.raises(ValueError, match=f"dual_clip must be > 1 \\(or None\\), got {bad}"):
+            GRPO(inputs, dual_clip=bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-3.0, 3.0), min_size=6, max_size=6), st.floats(0.01, 3.0))
+def test_dual_clip_leaves_positive_advantages_bit_for_bit(log_ratios, advantage):
+    """With every advantage positive the dual clip never binds: the same bits as without it."""
+    lp = np.asarray(log_ratios, np.float32).reshape(2, 3)
+    inputs = _inputs(lp, np.zeros((2, 3)), [advantage, 2 * advantage], np.ones((2, 3)))
+    with_cap, without = GRPO(inputs, dual_clip=3.0), GRPO(inputs)
+    assert np.asarray(with_cap[0]).tobytes() == np.asarray(without[0]).tobytes()
+    assert float(with_cap[2]["dual_clip_frac"]) == 0.0
+
+
 def test_sequence_ratio_is_the_product_of_token_ratios():
     lp = np.log([[1.1, 1.1, 2.0]])
     mask = np.array([[1, 1, 0]])
@@ -189,3 +219,44 @@ def test_a_default_lives_in_the_registration_only():
     assert resolve_loss_hparams("gspo", {"eps_low": None, "eps_high": 0.5, "kl_coef": 0.0}) == {
         **loss_defaults("gspo"), "eps_high": 0.5}
     assert resolve_loss_hparams("grpo") == loss_defaults("grpo")
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_balanced_roles_make_one_batch_the_mean_of_each_roles_own_loss(aggregation):
+    """Role 0: 2 rows (3 and 1 trained tokens); role 1: 4 rows (2, 2, 3 tokens, and a padding row of weight 0).
+    One loss over the pooled rows with `balance_roles` weights equals the two roles' own losses averaged, and so
+    does the sum over any split into micro-batches (rows r % 2) of sums divided by the sum of denominators."""
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1], [1, 1, 0, 0]], np.float32)
+    logprobs = rng.normal(0, 0.3, mask.shape).astype(np.float32)
+    advantages = np.array([1.0, -0.5, 2.0, -1.0, 0.5, 7.0], np.float32)
+    weights = np.array([1, 1, 1, 1, 1, 0], np.float32)
+    roles = np.array([0, 0, 1, 1, 1, 1])
+    rows = np.arange(6)
+
+    def loss(rows, w):
+        out = GRPO(_inputs(logprobs[rows], np.zeros_like(logprobs[rows]), advantages[rows], mask[rows],
+                           weights=jnp.asarray(w)), aggregation=aggregation)
+        return float(out[0]), float(out[1])
+
+    own = [loss(roles == r, weights[roles == r]) for r in (0, 1)]
+    want = (own[0][0] / own[0][1] + own[1][0] / own[1][1]) / 2
+    np.testing.assert_allclose(role_denominators(mask, weights, roles, 2, aggregation), [own[0][1], own[1][1]])
+    balanced = np.asarray(balance_roles(mask, weights, roles, 2, aggregation))
+    total_sum, total_denom = loss(rows, balanced)
+    np.testing.assert_allclose(total_sum / total_denom, want, rtol=1e-6)
+    np.testing.assert_allclose(total_denom, own[0][1] + own[1][1], rtol=1e-6)  # the pooled denominator, kept
+    parts = [loss(rows % 2 == m, balanced[rows % 2 == m]) for m in (0, 1)]
+    np.testing.assert_allclose(sum(p[0] for p in parts) / sum(p[1] for p in parts), want, rtol=1e-6)
+    # Each role's share of the denominator is a half; without the balance it is its own share.
+    np.testing.assert_allclose(role_denominators(mask, balanced, roles, 2, aggregation) / total_denom, [0.5, 0.5],
+                               rtol=1e-6)
+    pooled_sum, pooled_denom = loss(rows, weights)
+    assert abs(pooled_sum / pooled_denom - want) > 1e-3  # the plain pooled mean weighs the roles otherwise
+
+
+def test_a_role_without_rows_leaves_the_other_whole():
+    mask = np.ones((3, 2), np.float32)
+    weights = np.array([1.0, 1.0, 0.0], np.float32)
+    roles = np.array([0, 0, 1])
+    np.testing.assert_allclose(balance_roles(mask, weights, roles, 2, "token-mean"), [1.0, 1.0, 0.0])

@@ -42,54 +42,81 @@ def _hand_arrays(padding=0.0):
     )
 
 
-# Query 0, R = 0.9 * correct + 0.1 * format_term; format_term = (planner + mean of real worker formats) / 2, or the
-# planner's alone with no workers:
-#   k0: 0 calls,  planner T, correct 1: format 1                          -> R = 0.9 + 0.1        = 1.0     (240/240)
-#   k1: 1 call,   planner T, correct 0: workers [F]     mean 0,   (1+0)/2 = 0.5    -> R = 0.05    (12/240)
+# R = 0.9 * correct + 0.1 * format_term; format_term = (planner + mean of real worker formats) / 2, where a rollout
+# without calls averages its planner's format with 0 (MATPO's reward manager; some rollout of this step calls).
+# Query 0:
+#   k0: 0 calls,  planner T, correct 1: (1 + 0)/2 = 0.5                              -> R = 0.9 + 0.05 = 0.95 (228/240)
+#   k1: 1 call,   planner T, correct 0: workers [F]     mean 0,   (1+0)/2 = 0.5    -> R = 0.05            (12/240)
 #   k2: 2 calls,  planner F, correct 1: workers [T, T]  mean 1,   (0+1)/2 = 0.5    -> R = 0.9 + 0.05 = 0.95 (228/240)
 #   k3: 3 calls,  planner T, correct 0: workers [T,F,T] mean 2/3, (1+2/3)/2 = 5/6  -> R = 0.1 * 5/6 = 1/12 (20/240)
-HAND_REWARD_Q0 = [1.0, 0.05, 0.95, 1 / 12]
-# In units of 1/240: rewards [240, 12, 228, 20], mean 500/4 = 125, deviations [115, -113, 103, -105];
-# squares 13225 + 12769 + 10609 + 11025 = 47628, / 4 = 11907 = 3 * 63^2, so the population std is 63 * sqrt(3)
-# (= 109.1192) in the same units; z = deviation / (63 * sqrt(3)):
-#   115 / 109.1192 = 1.053893, -113 / 109.1192 = -1.035565, 103 / 109.1192 = 0.943922, -105 / 109.1192 = -0.962250.
-HAND_ADVANTAGE_Q0 = [1.053893, -1.035565, 0.943922, -0.962250]
-# Query 1: every rollout correct with every format kept -> R = 0.9 + 0.1 * 1 = 1.0 for all four; a degenerate group,
-# advantage 0 for the planners and so for every worker under them.
+HAND_REWARD_Q0 = [0.95, 0.05, 0.95, 1 / 12]
+# In units of 1/240: rewards [228, 12, 228, 20], mean 488/4 = 122, deviations [106, -110, 106, -102]; squares
+# 11236 + 12100 + 11236 + 10404 = 44976; the sample variance (ddof 1, as torch.std) is 44976 / 3 = 14992, the std
+# sqrt(14992) = 122.441823 in the same units; z = deviation / std:
+#   106 / 122.441823 = 0.865717, -110 / 122.441823 = -0.898386, -102 / 122.441823 = -0.833049.
+HAND_ADVANTAGE_Q0 = [0.865717, -0.898386, 0.865717, -0.833049]
+# Query 1: every rollout correct, every format kept, but k1 made no call: (1 + 0)/2 -> R = 0.95, the others 1.0.
+# In units of 1/240: [240, 228, 240, 240], mean 237, deviations [3, -9, 3, 3], sample variance 108 / 3 = 36, std 6.
+HAND_REWARD_Q1 = [1.0, 0.95, 1.0, 1.0]
+HAND_ADVANTAGE_Q1 = [0.5, -1.5, 0.5, 0.5]
 
 
 def test_targets_equal_hand_computed_values():
     t = jax.device_get(matpo_targets(_hand_arrays(), KEY, MatpoConfig()))
-    np.testing.assert_allclose(t.main_reward, [HAND_REWARD_Q0, [1.0] * 4], atol=1e-6)
-    np.testing.assert_allclose(t.main_advantages, [HAND_ADVANTAGE_Q0, [0.0] * 4], atol=1e-5)
+    np.testing.assert_allclose(t.main_reward, [HAND_REWARD_Q0, HAND_REWARD_Q1], atol=1e-6)
+    np.testing.assert_allclose(t.main_advantages, [HAND_ADVANTAGE_Q0, HAND_ADVANTAGE_Q1], atol=1e-5)
     # Each real call (i < counts) carries its parent's advantage with weight 1; padding has weight 0, advantage 0.
     a0, a1, a2, a3 = HAND_ADVANTAGE_Q0
+    b0, _, b2, b3 = HAND_ADVANTAGE_Q1
     np.testing.assert_allclose(t.sub_advantages[0], [[0, 0, 0], [a1, 0, 0], [a2, a2, 0], [a3, a3, a3]], atol=1e-5)
-    np.testing.assert_allclose(t.sub_advantages[1], 0.0, atol=1e-6)
+    np.testing.assert_allclose(t.sub_advantages[1], [[b0, b0, b0], [0, 0, 0], [b2, 0, 0], [b3, b3, 0]], atol=1e-5)
     np.testing.assert_array_equal(t.sub_weight, [[[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]],
                                                  [[1, 1, 1], [0, 0, 0], [1, 0, 0], [1, 1, 0]]])
     np.testing.assert_allclose(t.sub_reward[0], [[0, 0, 0], [0.05, 0, 0], [0.95, 0.95, 0], [1 / 12] * 3], atol=1e-6)
+    np.testing.assert_allclose(t.sub_reward[1], [[1, 1, 1], [0, 0, 0], [1, 0, 0], [1, 1, 0]], atol=1e-6)
     np.testing.assert_allclose(t.sub_call_reward, t.sub_reward)
     # No alignment: slot i is raw call i.
     np.testing.assert_array_equal(t.sub_index, np.broadcast_to(np.arange(3), (2, 4, 3)))
     stats = {k: float(v) for k, v in t.stats.items()}
-    assert stats["main_reward"] == pytest.approx((1 + 0.05 + 0.95 + 1 / 12 + 4) / 8)
+    assert stats["main_reward"] == pytest.approx((0.95 + 0.05 + 0.95 + 1 / 12 + 3.95) / 8)
     assert stats["main_correct"] == pytest.approx(6 / 8)
     assert stats["main_format_ok"] == pytest.approx(7 / 8)
-    assert stats["main_format_term"] == pytest.approx((1 + 0.5 + 0.5 + 5 / 6 + 4) / 8)
-    assert stats["main_zero_std_groups"] == 1
+    assert stats["main_format_term"] == pytest.approx((0.5 + 0.5 + 0.5 + 5 / 6 + 3 * 1 + 0.5) / 8)
+    assert stats["main_zero_std_groups"] == 0
     assert stats["sub_calls"] == 12
     # Per call: query 0's calls 1 + 2 + 3, query 1's 3 + 1 + 2 (all credited R = 1).
     assert stats["sub_reward"] == pytest.approx((0.05 + 2 * 0.95 + 3 / 12 + 6) / 12)
     assert stats["sub_expert"] == pytest.approx((0.5 + 1 + 0 + 0.2 + 0.4 + 0.6 + 6) / 12)
     assert stats["sub_format_ok"] == pytest.approx((0 + 2 + 2 + 6) / 12)
-    assert stats["sub_zero_std_groups"] == 1
+    assert stats["sub_zero_std_groups"] == 0
+
+
+def test_a_step_without_calls_takes_the_planners_format_alone():
+    """MATPO's reward manager averages with 0 only when some rollout of the batch called a worker; a batch without
+    any takes its planner-only path (`_call_only_main_agent`): R = 0.9 * correct + 0.1 * planner format."""
+    arrays = _hand_arrays()._replace(counts=np.zeros((2, 4), np.int32))
+    t = jax.device_get(matpo_targets(arrays, KEY, MatpoConfig()))
+    np.testing.assert_allclose(t.main_reward, [[1.0, 0.1, 0.9, 0.1], [1.0] * 4], atol=1e-6)
+    np.testing.assert_array_equal(t.sub_weight, 0.0)
+
+
+def test_the_group_std_is_the_sample_std_and_the_population_one_on_request():
+    """Query 1's rewards [1, 0.95, 1, 1]: deviations [3, -9, 3, 3] / 240; sample std 6 / 240 (ddof 1), population
+    std sqrt(108 / 4) / 240 = sqrt(27) / 240."""
+    population = jax.device_get(matpo_targets(_hand_arrays(), KEY, MatpoConfig(std_ddof=0)))
+    np.testing.assert_allclose(population.main_advantages[1], np.array([3, -9, 3, 3]) / np.sqrt(27), atol=1e-5)
+    sample = jax.device_get(matpo_targets(_hand_arrays(), KEY, MatpoConfig()))
+    np.testing.assert_allclose(sample.main_advantages[1], HAND_ADVANTAGE_Q1, atol=1e-5)
+    # M-GRPO's estimator keeps the population std (TargetsConfig passes no ddof).
+    rewards = np.array([[1.0, 0.95, 1.0, 1.0]], np.float32)
+    np.testing.assert_allclose(TargetsConfig().advantages(rewards, np.ones_like(rewards))[0],
+                               np.array([3, -9, 3, 3]) / np.sqrt(27), atol=1e-5)
 
 
 def test_reward_weights_are_config_fields():
     t = matpo_targets(_hand_arrays(), KEY, MatpoConfig(correct_weight=0.5, format_weight=0.5))
-    # Query 0: 0.5 * correct + 0.5 * format_term with format terms [1, 0.5, 0.5, 5/6].
-    np.testing.assert_allclose(t.main_reward[0], [1.0, 0.25, 0.75, 5 / 12], atol=1e-6)
+    # Query 0: 0.5 * correct + 0.5 * format_term with format terms [0.5, 0.5, 0.5, 5/6].
+    np.testing.assert_allclose(t.main_reward[0], [0.75, 0.25, 0.75, 5 / 12], atol=1e-6)
 
 
 def test_config_from_run_config_reads_the_estimator_and_optional_weights():

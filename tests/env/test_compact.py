@@ -10,7 +10,7 @@ from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import noise_config
 from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
-from mgrpo_jax.env.compact.questions import pose_in
+from mgrpo_jax.env.compact.questions import pose_in, quotas
 from mgrpo_jax.env.compact.world import FACTS, generate_compact_world
 from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
@@ -212,8 +212,14 @@ def test_questions_have_world_answers_held_out_texts_and_every_lookup_in_trainin
     # ...while stage 1 asks every (entity, fact) of the world but the held-out lookups themselves.
     held_out_lookups = {q.answer_path for q in held_out if q.kind == "lookup"}
     assert {q.answer_path for q in env.questions.stage1} | held_out_lookups == {((e, f),) for e, f in world.facts}
-    # `fresh` is the training distribution itself: stage-2 training texts, asked in the world.
-    assert [q.text for q in env.questions.fresh] == [q.text for q in env.questions.stage2[:len(env.questions.fresh)]]
+    # `fresh` is the training distribution itself: stage-2 training texts, asked in the world, the first of each kind
+    # in the validation set's numbers (both stratified: the gap compares the same kinds in the same numbers).
+    stage2_texts = [q.text for q in env.questions.stage2]
+    fresh_at = [stage2_texts.index(q.text) for q in env.questions.fresh]
+    assert fresh_at == sorted(fresh_at)
+    kinds = collections.Counter((q.kind, q.hops) for q in env.questions.fresh)
+    assert kinds == collections.Counter((q.kind, q.hops) for q in env.questions.validation)
+    assert sum(kinds.values()) == SIZES.fresh == SIZES.validation
     assert {q.split for q in env.questions.fresh} == {"fresh"}
     assert {q.hops for q in env.questions.eval_xbench} == {3}
     assert {q.kind for q in env.questions.stage2} == {q.kind for q in env.questions.fresh} == {"chain", "compare"}
@@ -225,6 +231,14 @@ def test_questions_have_world_answers_held_out_texts_and_every_lookup_in_trainin
 
 
 # -- tokenizer -----------------------------------------------------------------------------------------------
+
+
+def test_quotas_split_a_size_by_the_mix_weights_exactly():
+    mix = (("chain", 0.45, 2), ("chain", 0.2, 3), ("compare", 0.35, 1))
+    assert quotas(mix, 30) == [14, 6, 10]  # 13.5, 6.0, 10.5: the two halves go to the larger remainders, in order
+    assert quotas(mix, 40) == [18, 8, 14]
+    assert quotas(mix, 1) == [1, 0, 0] and quotas(mix, 0) == [0, 0, 0]
+    assert sum(quotas(mix, 199)) == 199
 
 
 def test_word_tokenizer_has_one_piece_per_word(env, tokenizer):

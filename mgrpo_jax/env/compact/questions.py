@@ -22,8 +22,9 @@ every entity), and what is held out is the answers: training poses its questions
 world (`warmstart.counterfactual_share`, `rollout.counterfactual_share`: the same entities, every value drawn
 again), so no answer of the world itself is ever a training target, and evaluation asks the world. Held-out
 questions are also new texts (none is a training text; drawn first) in their own styles. `fresh` holds stage-2
-training texts (the first `sizes.fresh`), asked in the world: the training distribution with answers new to the
-system, against which the validation set (new texts of the same kinds) gives the transfer gap. The stage-2
+training texts (the first of each kind, as many of each as the validation set has), asked in the world: the
+training distribution with answers new to the system, against which the validation set (new texts of the same
+kinds, in the same numbers: both stratified by `quotas`) gives the transfer gap. The stage-2
 curriculum trains every fresh text unfiltered and filters only the other stage-2 texts (mgrpo_jax/rl/curriculum.py),
 so every fresh text is a trained text and no outcome chooses which are.
 """
@@ -162,21 +163,58 @@ def pose_in(world: CompactWorld, question: Question) -> Question:
                                answer_path=posed.answer_path)
 
 
+def quotas(mix, size: int) -> list[int]:
+    """How many of `size` questions each entry of `mix` gets: its weight's share, rounded by largest remainder (the
+    counts add up to `size`)."""
+    total = sum(weight for _, weight, _ in mix)
+    exact = [size * weight / total for _, weight, _ in mix]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(mix)), key=lambda i: counts[i] - exact[i])[: size - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _entry(mix, question: Question) -> int | None:
+    """The entry of `mix` a question was drawn for: its kind, and for chains and walks its hop count."""
+    return next((i for i, (kind, _, hops) in enumerate(mix)
+                 if kind == question.kind and (kind == COMPARE or hops == question.hops)), None)
+
+
 def _sample_split(world, split, size, seed, taken) -> tuple[Question, ...]:
+    """`size` new texts of `split`'s mix. The transfer gap's validation set is stratified: each entry of the mix gets
+    exactly its `quotas` share (fresh takes the same shares), so the gap compares the same kinds in the same
+    numbers; the other splits draw each question's entry at random by weight."""
     rng = random.Random(f"{seed}/{split}")
     mix = _MIX[split]
-    weights = [w for _, w, _ in mix]
+    left = quotas(mix, size) if split == VALIDATION else None
     out: list[Question] = []
     drafts = iter(_every_lookup(rng, world) if split == STAGE1 else ())
     for _ in range(size * 50):
         if len(out) == size:
             break
-        kind, _, hops = rng.choices(mix, weights)[0]
+        weights = left or [w for _, w, _ in mix]
+        entry = rng.choices(range(len(mix)), weights)[0]
+        kind, _, hops = mix[entry]
         question = next(drafts, None) or _draw(rng, world, split, kind, hops)
         if question is None or question.text in taken:
             continue
         taken.add(question.text)
+        if left is not None:
+            left[entry] -= 1
         out.append(Question(f"{split}-{len(out)}", *[getattr(question, f.name) for f in fields(Question)][1:]))
+    return tuple(out)
+
+
+def _fresh(stage2: tuple[Question, ...], size: int) -> tuple[Question, ...]:
+    """The transfer gap's trained texts: the first stage-2 questions that fill the validation set's shares of each
+    kind (`quotas`), so fresh and validation hold the same kinds in the same numbers."""
+    mix = _MIX[FRESH]
+    left, out = quotas(mix, size), []
+    for question in stage2:
+        entry = _entry(mix, question)
+        if entry is not None and left[entry] > 0:
+            left[entry] -= 1
+            out.append(dataclasses.replace(question, id=f"{FRESH}-{len(out)}", split=FRESH))
     return tuple(out)
 
 
@@ -187,6 +225,5 @@ def generate_compact_questions(world: CompactWorld, seed: int = 0,
     taken: set[str] = set()
     splits = {split: _sample_split(world, split, getattr(sizes, split), seed, taken)
               for split in (*HELD_OUT_SPLITS, STAGE1, STAGE2)}
-    splits[FRESH] = tuple(dataclasses.replace(q, id=f"{FRESH}-{i}", split=FRESH)
-                          for i, q in enumerate(splits[STAGE2][:sizes.fresh]))
+    splits[FRESH] = _fresh(splits[STAGE2], sizes.fresh)
     return QuestionSets(**{f.name: splits[f.name] for f in fields(QuestionSets)})
