@@ -32,6 +32,18 @@ from mgrpo_jax.store import open_store
 log = logging.getLogger(__name__)
 
 
+class StampedWriter(MetricWriter):
+    """The run's metrics writer: every row (warm start, evaluation, RL step) also records `stamp()`, the run's world
+    seed and the hash of the questions it serves (`curriculum.QuestionFeed.identity`)."""
+
+    def __init__(self, *args, stamp, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stamp = stamp
+
+    def write(self, step: int, metrics, **kwargs) -> dict:
+        return super().write(step, {**self.stamp(), **metrics}, **kwargs)
+
+
 class Trainer:
     """One job of a run (`job`, the launcher's --role): colocated, or the decoupled mode's `main` / `sub`."""
 
@@ -47,7 +59,9 @@ class Trainer:
         self.checkpointer = Checkpointer(self.workdir, save_every=config.train.checkpoint_every)
         self.exchange, self.system = decoupled.job_system(config, job, self.workdir, store,
                                                           resuming=self.checkpointer.latest_step() is not None)
-        self.writer, self.progress = MetricWriter(self.workdir, self.is_main_process, console=False), RunProgress(False)
+        self.writer = StampedWriter(self.workdir, self.is_main_process, console=False,
+                                    stamp=lambda: self.feed.identity())
+        self.progress = RunProgress(False)
         self.credit = get_credit(credit_name(config))
         self.targets_config = credit_config_type(credit_name(config)).from_config(config)
         self.feed = curriculum.QuestionFeed(config, self.env, self.workdir)
@@ -92,7 +106,7 @@ class Trainer:
         """One step of the sides this job holds, then `step` + 1; None (not advanced) when the main job finished
         first. `update=False`: no update, the rows kept in `self.dry_rows` (main, sub) for a diagnosis."""
         t0, step, main, sub = time.perf_counter(), self.step, self.main, self.sub
-        metrics = {**self.feed.identity(), **self.exchange.before_step(step, main.version)}
+        metrics = self.exchange.before_step(step, main.version)
         collected = main.collect(step, next(self.feed.iterator))
         sub_version = sub.version  # the policy that serves this step's calls
         data = sub.collect(step, collected)
@@ -175,7 +189,7 @@ class Trainer:
         if self.top_name in self.agents and cfg.stage == "stage2":
             self.prepare_curriculum()
         if cfg.train.eval_at_start and self.job == "colocated":
-            self.writer.write(0, {**self.feed.identity(), **self.evaluate()})  # the accuracy curves' start
+            self.writer.write(0, self.evaluate())  # the starting point of the accuracy curves
         self.save(force=True)
         self.checkpointer.wait()
         warmstart.discard_checkpoints(self.workdir)

@@ -51,6 +51,8 @@ def test_smoke_preset_runs_end_to_end(tmp_path):
     assert (run["status"], run["step"], run["mode"], run["config"]["train"]["steps"]) == ("finished", 2, "mgrpo", 2)
     assert run["wall_time_s"] > 0 and run["best"]["main/reward"]["step"] in (1, 2)
     assert {"metrics.jsonl", "tb", "rewards.png", "checkpoints", "summary.json"} <= set(run["files"])
+    rows = read_jsonl(tmp_path / "metrics.jsonl")  # warm-start rows first: every row names the world and pool
+    assert "warmstart_step" in rows[0] and all(r["env/seed"] == 0 and len(r["env/pool_hash"]) == 16 for r in rows)
 
 
 @pytest.mark.slow
