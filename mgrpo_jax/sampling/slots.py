@@ -10,10 +10,12 @@ donated to every call and given back at :meth:`DecodeSlots.close`, and runs two 
   add take part (their cache rows are gathered, extended and scattered back), so a turn never re-prefills the
   context the slot already holds.
 - :func:`slot_decode` runs up to ``chunk`` decode steps over every slot at once, each slot at its own position,
-  and stops early once no slot is live. A slot's row ends at its stop token or its budget; between chunks the
-  host (:mod:`mgrpo_jax.rollout.engine`) takes the finished rows, runs their tools and starts the next turn of
-  any episode in any free slot. Rows never share keys: a query attends to its own slot only, to the positions
-  its own episode wrote.
+  and stops early once no slot is live (when at most half the pool is in a turn, :func:`slot_decode_rows` runs
+  it over those slots only, their cache rows gathered and scattered back, so idle slots cost no decode steps,
+  and a chunk reads the cache positions its slots have reached, ``DECODE_WINDOW_BUCKETS``). A slot's row ends at
+  its stop token or its budget; between chunks the host (:mod:`mgrpo_jax.rollout.engine`) takes the finished
+  rows, runs their tools and starts the next turn of any episode in any free slot. Rows never share keys: a query
+  attends to its own slot only, to the positions its own episode wrote.
 
 Where a slot's cache stands: after a turn of ``n`` sampled ids, the slot holds every token of its episode but the
 last sampled one (a stop token is not fed back until the next turn needs it). The next turn's first decode step
@@ -46,6 +48,14 @@ from mgrpo_jax.sampling.sampler import NO_STOP, Sampler, sample_logits, to_host
 SLOT_CHUNK = 16  # decode steps per host round-trip (a stopped row idles at most this many steps)
 STOP_WIDTH = 4  # per-slot stop-token table width
 WINDOW_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)  # cache positions a call reads
+# A decode chunk reads the cache at every step, so its windows start smaller: a chunk early in a short episode (the
+# compact agents' budgets are 64-96 tokens) attends over 32 positions, not the whole budget. (A prefill reads it
+# once; its windows stay coarse, fewer compiled shapes.)
+DECODE_WINDOW_BUCKETS = (32, 64, *WINDOW_BUCKETS)
+# A chunk decodes only the slots in a turn, gathered into a batch of a power-of-two size (at least the pool's
+# 1/GATHER_SMALLEST: few compiled shapes), once that batch is at most half the pool: the gather and scatter of those
+# rows' caches (two passes over them) then cost less than a chunk's steps over the idle slots would.
+GATHER_SMALLEST = 8
 
 
 def slot_prefill(model, cache: dict, rows: jax.Array, tokens: jax.Array, starts: jax.Array, counts: jax.Array, *,
@@ -119,6 +129,15 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
     return out_tok, out_lp, count, stopped, i, cache
 
 
+def slot_decode_rows(model, cache: dict, rows: jax.Array, *args, window: int, **kwargs):
+    """:func:`slot_decode` over the slots ``rows [R]`` only (pure; call under jit): their first ``window`` cache
+    positions are gathered, decoded and scattered back; the other slots are neither read nor written. ``args`` are
+    :func:`slot_decode`'s per-slot arrays for those rows; row ids ``>= n_slots`` are padding (not live)."""
+    part = resize_slots(take_rows(cache, rows), window)
+    *out, part = slot_decode(model, part, *args, window=window, **kwargs)
+    return (*out, put_rows(cache, rows, part, window))
+
+
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("window",), donate_argnames=("cache",))
 def _prefill_jit(graphdef, state, cache, rows, tokens, starts, counts, *, window):
     return slot_prefill(nnx.merge(graphdef, state), cache, rows, tokens, starts, counts, window=window)
@@ -134,9 +153,19 @@ def _decode_jit(graphdef, state, cache, prev, positions, live, budgets, seeds, o
                        window=window)
 
 
+@functools.partial(jax.jit, static_argnums=(0,),
+                   static_argnames=("steps", "top_k", "top_p", "pad_id", "out_major", "window"),
+                   donate_argnames=("cache",))
+def _decode_rows_jit(graphdef, state, cache, rows, prev, positions, live, budgets, seeds, offsets, temperature,
+                     stop_tokens, *, steps, top_k, top_p, pad_id, out_major, window):
+    return slot_decode_rows(nnx.merge(graphdef, state), cache, rows, prev, positions, live, budgets, seeds, offsets,
+                            temperature, stop_tokens, steps=steps, top_k=top_k, top_p=top_p, pad_id=pad_id,
+                            out_major=out_major, window=window)
+
+
 def compiled_programs() -> int:
     """How many slot programs (prefill and decode shapes) this process has compiled (benchmarks' warm-up)."""
-    return sum(int(f._cache_size()) for f in (_prefill_jit, _decode_jit))
+    return sum(int(f._cache_size()) for f in (_prefill_jit, _decode_jit, _decode_rows_jit))
 
 
 class DecodeSlots:
@@ -149,8 +178,8 @@ class DecodeSlots:
     >>> while pool.busy: pool.launch(); finished = pool.collect()   # [(episode, ids, logprobs, stopped)]
 
     Counters for benchmarks: ``prefill_tokens`` (tokens written by prefills), ``fed_tokens`` (tokens fed by decode
-    steps), ``sampled_tokens``, ``slot_steps`` (slots x decode steps run), ``chunks``, ``evictions``. :meth:`launch` and
-    :meth:`collect` report to the observers of :mod:`mgrpo_jax.sampling.observe`.
+    steps), ``sampled_tokens``, ``slot_steps`` (rows decoded x decode steps run), ``chunks``, ``evictions``.
+    :meth:`launch` and :meth:`collect` report to the observers of :mod:`mgrpo_jax.sampling.observe`.
     """
 
     def __init__(self, sampler: Sampler, n_slots: int, max_len: int, *, chunk: int = SLOT_CHUNK):
@@ -185,7 +214,7 @@ class DecodeSlots:
         return self._slot_of.get(id(owner))
 
     def free_slot(self) -> int | None:
-        return next((s for s, o in enumerate(self.owners) if o is None), None)
+        return self.owners.index(None) if None in self.owners else None
 
     def assign(self, owner, slot: int) -> None:
         """Gives ``slot`` (free) to ``owner``; its cache starts empty (the first turn prefills the whole context)."""
@@ -263,18 +292,40 @@ class DecodeSlots:
                                       put(starts, (None,)), put(counts, (None,)), window=window)
         self._prefills = []
         budgets = np.where(self.live, self.remaining, 0).astype(np.int32)
-        window = self._window(int(np.max(np.where(self.live, self.pos + np.minimum(budgets, self.chunk), 0))))
-        args = [put(x, ("act_batch",)) for x in (self.prev, self.pos, self.live, budgets, self.seeds, self.offsets,
-                                                  self.temperature)]
-        *out, self.cache = _decode_jit(s.graphdef, s.state, self.cache, *args, put(self.stops, ("act_batch", None)),
-                                       steps=self.chunk, top_k=s.top_k, top_p=s.top_p, pad_id=s.pad_id,
-                                       out_major=s.out_major, window=window)
-        self._pending = out
+        window = self._window(int(np.max(np.where(self.live, self.pos + np.minimum(budgets, self.chunk), 0))),
+                              DECODE_WINDOW_BUCKETS)
+        per_slot = (self.prev, self.pos, self.live, budgets, self.seeds, self.offsets, self.temperature, self.stops)
+        static = dict(steps=self.chunk, top_k=s.top_k, top_p=s.top_p, pad_id=s.pad_id, out_major=s.out_major,
+                      window=window)
+        rows = self._decode_rows()
+        if rows is None:
+            args = [put(x, ("act_batch",) + (None,) * (x.ndim - 1)) for x in per_slot]
+            *out, self.cache = _decode_jit(s.graphdef, s.state, self.cache, *args, **static)
+        else:
+            # Padding rows (id n) take the last slot's values, not live: read clipped, never written back.
+            taken = np.minimum(rows, self.n - 1)
+            gathered = [x[taken] for x in per_slot]
+            gathered[2] = gathered[2] & (rows < self.n)
+            args = [put(x, ("act_batch",) + (None,) * (x.ndim - 1)) for x in (rows, *gathered)]
+            *out, self.cache = _decode_rows_jit(s.graphdef, s.state, self.cache, *args, **static)
+        self._pending = (out, rows)
 
-    def _window(self, reach: int) -> int:
+    def _decode_rows(self) -> np.ndarray | None:
+        """The slots the next chunk decodes (module constants): the slots in a turn, padded with ``n`` to a
+        power-of-two batch, where that batch is at most half the pool; None: every slot."""
+        live = np.flatnonzero(self.live)
+        smallest = max(1, self.n // GATHER_SMALLEST)
+        size = bucket(len(live), pow2_buckets(smallest, self.n), self.sampler.batch_multiple)
+        if 2 * size > self.n:
+            return None
+        rows = np.full((size,), self.n, np.int32)
+        rows[:len(live)] = live
+        return rows
+
+    def _window(self, reach: int, buckets=WINDOW_BUCKETS) -> int:
         """The cache positions a call must see for writes and reads below ``reach``: a length bucket (few
         compiled shapes), at most the whole cache."""
-        return min(self.max_len, bucket(reach, WINDOW_BUCKETS))
+        return min(self.max_len, bucket(reach, buckets))
 
     def _prefill_groups(self):
         """The pending prefills, grouped by length bucket: one long tool response does not pad the short ones."""
@@ -295,10 +346,12 @@ class DecodeSlots:
         self._empty = []
         if self._pending is None:
             return finished
-        tokens, logprobs, counts, stopped, steps = (to_host(x) for x in self._pending)
-        self._pending = None
+        (pending, rows), self._pending = self._pending, None
+        tokens, logprobs, counts, stopped, steps = (to_host(x) for x in pending)
+        if rows is not None:  # a gathered chunk: its rows back in slot order
+            tokens, logprobs, counts, stopped = (self._spread(x, rows) for x in (tokens, logprobs, counts, stopped))
         self.chunks += 1
-        self.slot_steps += int(steps) * self.n
+        self.slot_steps += int(steps) * (self.n if rows is None else len(rows))
         for slot in np.flatnonzero(self.live):
             c = int(counts[slot])
             self._turn_ids[slot].extend(tokens[slot, :c].tolist())
@@ -317,6 +370,13 @@ class DecodeSlots:
                                  np.asarray(self._turn_lps[slot], np.float32), bool(stopped[slot])))
         return finished
 
+    def _spread(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """A gathered chunk's output ``x [R, ...]`` (rows ``rows``, padding ``n``) as the pool's ``[n, ...]``."""
+        out = np.zeros((self.n, *x.shape[1:]), x.dtype)
+        valid = rows < self.n
+        out[rows[valid]] = x[valid]
+        return out
+
     def close(self) -> None:
         """Hands the cache back to the sampler (its memory serves the next run) and forgets every owner."""
         if self._pending is not None:
@@ -334,4 +394,4 @@ class DecodeSlots:
                 "evictions": self.evictions}
 
 
-__all__ = ["SLOT_CHUNK", "DecodeSlots", "compiled_programs", "slot_decode", "slot_prefill"]
+__all__ = ["SLOT_CHUNK", "DecodeSlots", "compiled_programs", "slot_decode", "slot_decode_rows", "slot_prefill"]

@@ -128,3 +128,47 @@ def test_a_call_that_grows_the_programs_counts_as_compiled():
         assert observed("y", lambda: 0, lambda: "again") == "again"
     assert [(k, c) for k, _, c in seen.calls] == [(k, c) for k, _, c in other.calls] == [("x", True), ("y", False)]
     assert observed("z", lambda: 0, lambda: 1) == 1 and len(seen.calls) == 2
+
+
+def test_a_chunk_over_few_slots_decodes_those_alone_and_samples_what_a_full_pool_would(sampler):
+    """With 2 of 8 slots in a turn a chunk decodes those 2 only (gathered: `slot_steps` counts 2 rows a step); their
+    turns sample the same tokens and log-probs as beside 6 more (random numbers come from the turn), over two turns
+    of several chunks, one ending inside a chunk."""
+    turns = {"a": ([5, 1, 2, 3], 10, 11), "b": ([7, 4], 7, 12)}  # first context, budget, seed
+    turns.update({f"other{i}": ([3, i + 1], 12, 100 + i) for i in range(6)})
+
+    def run(slot_of: dict):
+        slots = DecodeSlots(sampler, n_slots=8, max_len=64, chunk=4)
+        owners = {name: object() for name in slot_of}
+        for name, slot in slot_of.items():
+            slots.assign(owners[name], slot)
+        contexts = {name: list(turns[name][0]) for name in owners}
+        sampled = {name: ([], []) for name in owners}
+        for turn in range(2):
+            for name, owner in owners.items():
+                _, budget, seed = turns[name]
+                slots.start(owner, contexts[name], budget=budget, seed=seed + turn, temperature=0.7)
+            finished = []
+            while slots.busy:
+                slots.launch()
+                finished += slots.collect()
+            by_owner = {id(owner): (ids, lps) for owner, ids, lps, _ in finished}
+            for name, owner in owners.items():
+                ids, lps = by_owner[id(owner)]
+                sampled[name][0].extend(ids.tolist())
+                sampled[name][1].extend(lps.tolist())
+                contexts[name] += ids.tolist() + [9, 10]  # a tool response after the turn
+        slots.close()
+        return sampled, slots
+
+    alone, few = run({"a": 6, "b": 2})
+    beside, full = run({"a": 0, "b": 1, **{f"other{i}": 2 + i for i in range(6)}})
+    for name in ("a", "b"):
+        assert len(alone[name][0]) == 2 * turns[name][1]
+        assert alone[name][0] == beside[name][0]
+        np.testing.assert_allclose(alone[name][1], beside[name][1], rtol=1e-5, atol=1e-6)
+    # Alone, per turn: chunks of 4 steps over a and b (2 rows), 4 more (b ends after 3), 2 over a alone (1 row).
+    assert few.slot_steps == 2 * (2 * 4 + 2 * 4 + 1 * 2) and few.sampled_tokens == 2 * (10 + 7)
+    # Beside 6 more: every chunk over all 8 (7 or 8 in a turn is more than half the pool), 3 chunks of the 12-token
+    # turns per turn.
+    assert full.slot_steps == 2 * 3 * 4 * 8
