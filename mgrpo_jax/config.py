@@ -46,9 +46,19 @@ def agent_names(mode: str) -> tuple[str, ...]:
 MODE_CREDIT = {"matpo": "matpo"}
 DEFAULT_CREDIT = "mgrpo"
 CREDIT_ALIASES = {"mgrpo_targets": "mgrpo"}  # the registry's earlier name of M-GRPO's credit, still accepted
-# MATPO's loss (its public code): clipped PPO at 0.2 / 0.2, one token mean over planner and worker tokens pooled, no
-# KL; `resolve` sets it on `main` (the shared model's section) for the matpo mode.
-MATPO_LOSS_HPARAMS = {"eps_low": 0.2, "eps_high": 0.2, "aggregation": "token-mean", "kl_coef": 0.0}
+# MATPO's loss (its public code, mgrpo_jax/core/matpo.py names the files): clipped PPO at 0.2 / 0.2 with verl's dual
+# clip at 3.0 on negative advantages (`clip_ratio_c`), one token mean over planner and worker tokens, no KL. The
+# matpo mode's shared model (`main`) trains with it under `loss_recipe="mode"` (`trained_section`).
+MATPO_LOSS_HPARAMS = {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "aggregation": "token-mean", "kl_coef": 0.0}
+# `config.loss_recipe`: "mode" -- the matpo mode trains with MATPO's loss (MATPO_LOSS_HPARAMS in the hyper-parameters
+# `main.loss_hparams` leaves unset), every other mode with its agents' own; "default" -- every mode with its agents'
+# own loss settings (the grpo defaults unless set), so the shared-model cells of the 2 x 2 differ in credit alone.
+LOSS_RECIPES = ("mode", "default")
+# `rollout.shared_role_weighting`, how a shared model's pooled batch weighs its two roles (mgrpo_jax/rl/sides.py):
+# "per_role" -- each role's loss normalised by its own denominator (rows or tokens, by the loss's aggregation), the
+# two averaged, as two distinct models would weigh them; "pooled" -- one mean over every row or token of the batch
+# (MATPO's code), where the role with more rows or tokens weighs more.
+ROLE_WEIGHTINGS = ("per_role", "pooled")
 PRESETS = tuple(presets.PRESETS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 DECAYS = ("cosine", "linear", "constant")  # learning-rate schedules after the warm-up (mgrpo_jax/agent/optim.py)
@@ -183,6 +193,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # the twin's facts and answers; one twin per step): rewards then pay for reading the tools, never for a memory
     # of the world's facts. Evaluation always uses the world itself.
     c.rollout.counterfactual_share = 0.0
+    # A shared-policy mode's weights of its two roles in the pooled batch: "per_role" (each role normalised by its own
+    # denominator, the two averaged) or "pooled" (one mean over both, as MATPO's code); ROLE_WEIGHTINGS says more.
+    c.rollout.shared_role_weighting = "per_role"
 
     c.rewards = ml_collections.ConfigDict({"alpha": (0.1, 0.9), "beta": (0.1, 0.4, 0.5)})
     # MATPO's planner reward (credit "matpo", mgrpo_jax/core/matpo.py): weights of correctness and of the format term.
@@ -192,6 +205,9 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # mgrpo_jax/core/credit.py (`available_credits`); empty: the mode's own (matpo for the matpo mode, mgrpo
     # for every other).
     c.credit = ""
+    # Which loss settings the modes train with: "mode" (the matpo mode: MATPO's, MATPO_LOSS_HPARAMS) or "default"
+    # (every mode: its agents' own); LOSS_RECIPES says more.
+    c.loss_recipe = "mode"
     c.advantages = ml_collections.ConfigDict({"scale": "group", "baseline": "mean", "eps": 1e-6})
     # The estimator of both levels' advantages: a name registered in mgrpo_jax.core.advantages (register_advantage);
     # it receives the other `advantages.*` fields as keyword arguments. "grpo": group-relative (scale, baseline).
@@ -265,9 +281,6 @@ def resolve(benchmark: str, table: Mapping[str, Callable], arg: str | None = Non
             raise ValueError(f"unknown mode {mode!r}; modes are {MODES}")
         c.mode = mode
     table[name](c)
-    if c.mode == "matpo":
-        c.main.loss = "grpo"  # its clipped-PPO surrogate, with MATPO's settings
-        c.main.loss_hparams.update(MATPO_LOSS_HPARAMS)
     return c
 
 
@@ -439,6 +452,29 @@ def _check_lora(p: _Problems, name: str) -> None:
             p.add(f"{name}.lora.target", p.get(f"{name}.lora.target"), str(e).split(": ", 1)[-1])
 
 
+def recipe_loss_hparams(config) -> dict:
+    """The loss hyper-parameters `config.loss_recipe` puts under the shared model's own settings: MATPO's
+    (`MATPO_LOSS_HPARAMS`) for the matpo mode under "mode", none otherwise."""
+    if config.mode == "matpo" and config.get("loss_recipe", "mode") == "mode":
+        return dict(MATPO_LOSS_HPARAMS)
+    return {}
+
+
+def trained_section(config, name: str) -> ml_collections.ConfigDict:
+    """Agent section `name` as its learner trains with it: `config[name]`, or, where the loss recipe sets hyper-
+    parameters (`recipe_loss_hparams`), a copy with them in the ones the section leaves unset (None), so a value set
+    on the command line still wins. Read at build time, so `--config.loss_recipe=default` takes effect."""
+    recipe = recipe_loss_hparams(config) if name == "main" else {}
+    section = config[name]
+    if not any(section.loss_hparams.get(key) is None for key in recipe):
+        return section
+    section = section.copy_and_resolve_references()  # typed fields kept; config[name] untouched
+    for key, value in recipe.items():
+        if section.loss_hparams.get(key) is None:
+            section.loss_hparams[key] = value
+    return section
+
+
 def credit_name(config) -> str:
     """The credit assignment of `config`'s run: `config.credit`, else its mode's (`MODE_CREDIT`)."""
     name = config.get("credit") or MODE_CREDIT.get(config.mode, DEFAULT_CREDIT)
@@ -564,6 +600,8 @@ def validate(config, job: str | None = None) -> None:
     p.number("tokenizer.vocab_size", 0)
 
     p.choice("rollout.align_mode", alignment.MODES)
+    p.choice("rollout.shared_role_weighting", ROLE_WEIGHTINGS)
+    p.choice("loss_recipe", LOSS_RECIPES)
     p.choice("rollout.unsync_pop", ("chunks", "step"))
     for field in ("queries", "samples", "d_max", "max_turn_tokens", "unsync_chunk"):
         p.number(f"rollout.{field}", 1)

@@ -20,7 +20,7 @@ from mgrpo_jax.agent.state import (
     merged_params,
     model_from_state,
 )
-from mgrpo_jax.config import SHARED_MODES, agent_names, rl_batch_rows
+from mgrpo_jax.config import SHARED_MODES, agent_names, rl_batch_rows, trained_section
 from mgrpo_jax.env.prompts import MAIN, SUB
 from mgrpo_jax.model import abstract_model, get_model_config, get_rules, make_mesh
 from mgrpo_jax.model.lora import lora_spec
@@ -157,11 +157,12 @@ def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, l
 def build_agents(config, tokenizer: ChatTokenizer, only: Sequence[str] | None = None) -> dict[str, Learner]:
     """{agent: its Learner} of the run (`only`: a subset of agents, e.g. one side of the decoupled mode, seeded as in
     the full run); each gets `agent_tokenizer(config, name, tokenizer)` (`Learner.tokenizer`). In a shared-policy
-    mode both agents map to one learner, `SHARED`, built from `config.main`."""
+    mode both agents map to one learner, `SHARED`, built from `config.main` with its loss recipe
+    (`config.trained_section`)."""
     names, devices = agent_names(config.mode), agent_mesh_devices(config, only)
     if config.mode in SHARED_MODES:
-        shared = build_agent(SHARED, config[MAIN], agent_tokenizer(config, MAIN, tokenizer), devices[MAIN],
-                             config.seed * 100)
+        shared = build_agent(SHARED, trained_section(config, MAIN), agent_tokenizer(config, MAIN, tokenizer),
+                             devices[MAIN], config.seed * 100)
         return {name: shared for name in names}
     agents = {}
     for offset, name in enumerate(names):

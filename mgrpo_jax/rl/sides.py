@@ -20,8 +20,14 @@
     ServingSubSide (rl/decoupled.py)  the decoupled sub job's sub side: collects by serving the main job's tasks
 
 A `SidePair` updates both sides, each its own learner; a `PooledPair` (the shared-policy modes `matpo`,
-`shared_mgrpo`) trains their one model once on both sides' rows pooled into one batch. `build_sides` chooses them.
-Each row's sampling settings come from its episode (`rollout.batches`).
+`shared_mgrpo`) trains their one model once on both sides' rows pooled into one batch, each role weighted as
+`rollout.shared_role_weighting` says. `build_sides` chooses them. Each row's sampling settings come from its
+episode (`rollout.batches`).
+
+Under MATPO's credit the sub rows are one per possible call, Q*K*C, most of them weight-0 padding: the sub side
+keeps only the real ones, and the batch a learner trains on is padded to a bucketed size (`bucket_rows`: a few
+sizes per run, each compiled once) instead of the whole Q*K*C. Weight-0 rows train nothing, so the update is the
+same.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from typing import Protocol
 
 import numpy as np
 
-from mgrpo_jax.config import SHARED_MODES, agent_names, rl_batch_rows
+from mgrpo_jax.agent.step import batch_shards
+from mgrpo_jax.config import SHARED_MODES, agent_names, credit_name, rl_batch_rows
 from mgrpo_jax.core import TargetsConfig, d_histogram
+from mgrpo_jax.core.losses import balance_roles, role_denominators
 from mgrpo_jax.env.build import reward_judge
 from mgrpo_jax.env.compact.world import TWINS
 from mgrpo_jax.env.prompts import MAIN, SUB
@@ -52,6 +60,33 @@ def counterfactual_twin(config, step: int, stream: str = "twin") -> int:
         return 0
     rng = np.random.default_rng(derive_seed(config.seed, stream, step))
     return int(rng.integers(1, TWINS + 1)) if rng.random() < share else 0
+
+
+def bucket_rows(needed: int, multiple: int, cap: int) -> int:
+    """The row count a batch of `needed` rows is padded to: the next of 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two
+    and 1.5 times them: at most a third of a batch is padding), rounded up to `multiple` (what the train step's
+    micro-batches and row shards split) and at most `cap` (the unbucketed size, itself a multiple of `multiple`)."""
+    power = 1 << max(int(needed) - 1, 0).bit_length()  # the smallest power of two >= needed
+    size = power * 3 // 4 if power >= 4 and power * 3 // 4 >= needed else power
+    return min(-(-size // multiple) * multiple, cap)
+
+
+def row_multiple(learner) -> int:
+    """What every batch of `learner`'s policy step must be a multiple of: its micro-batches times its row shards."""
+    return int(learner.config.micro_batches) * batch_shards(learner.mesh)
+
+
+def real_rows(rows: dict) -> dict:
+    """The rows of weight > 0 of a policy batch (a train step gives the others no gradient and no denominator)."""
+    keep = np.asarray(rows["weights"]) > 0
+    return {key: value[keep] for key, value in rows.items()}
+
+
+def trained_tokens(batch: dict) -> np.ndarray:
+    """[B, T] the tokens the policy step trains (its `_trained_mask`: loss mask on real tokens, never column 0)."""
+    mask = np.asarray(batch["loss_mask"], np.float32) * np.asarray(batch["attention_mask"], np.float32)
+    mask[:, 0] = 0.0
+    return mask
 
 
 class Side(Protocol):
@@ -164,10 +199,13 @@ class MainSide(RemoteMain):
 
 class SubSide(NoSubSide):
     """The sub-agent's side in the synchronised modes: the Q*K*D aligned rows of `mgrpo_targets`; a learner
-    that is not trainable (`frozen_sub`) gets the figures only. Its data is the main side's rollout, by reference."""
+    that is not trainable (`frozen_sub`) gets the figures only. Its data is the main side's rollout, by reference.
+    `bucket_cap`: under MATPO's credit (one row per possible call), the Q*K*C rows of the unbucketed batch: its rows
+    are then the real calls only, and its own learner trains on them padded to `bucket_rows(real, ..., bucket_cap)`
+    (None: the whole aligned batch, as the credit gives it)."""
 
-    def __init__(self, learner):
-        self.learner = learner
+    def __init__(self, learner, bucket_cap: int | None = None):
+        self.learner, self.bucket_cap = learner, bucket_cap
 
     @property
     def version(self) -> int:
@@ -193,10 +231,15 @@ class SubSide(NoSubSide):
         learner = self.learner
         length = batches.bucket_length([len(s.tokens) for s in data.rollout.episodes(SUB)],
                                        learner.config.context_tokens)
-        return out, [batches.sub_batch(data.rollout.top, targets.sub_index, targets.sub_weight,
-                                       targets.sub_advantages, length, learner.tokenizer.pad_id)]
+        rows = batches.sub_batch(data.rollout.top, targets.sub_index, targets.sub_weight, targets.sub_advantages,
+                                 length, learner.tokenizer.pad_id)
+        return out, [rows if self.bucket_cap is None else real_rows(rows)]
 
     def update(self, rows: list[dict]) -> dict:
+        if self.bucket_cap is not None:
+            pad_id, multiple = self.learner.tokenizer.pad_id, row_multiple(self.learner)
+            rows = [batches.pad_rows(part, bucket_rows(len(part["weights"]), multiple, self.bucket_cap), pad_id)
+                    for part in rows]
         return self.learner.train(rows)
 
 
@@ -241,9 +284,16 @@ class SidePair:
 
 
 class PooledPair(SidePair):
-    """Both sides hold one model (a shared-policy mode): one update of it on their rows pooled into one batch of
-    `rl_batch_rows(config, "main")` rows (main rows, then sub rows, then weight-0 padding rows; every row as long as
-    the longest), so MATPO's loss takes one token mean over both agents' tokens."""
+    """Both sides hold one model (a shared-policy mode): one update of it on their rows pooled into one batch (main
+    rows, then sub rows, then weight-0 padding rows; every row as long as the longest) of `rl_batch_rows(config,
+    "main")` rows, or under MATPO's credit (whose sub side keeps its real calls only) of `bucket_rows` of them.
+
+    `rollout.shared_role_weighting`: "per_role" (default) rescales the rows' weights (`core.losses.balance_roles`)
+    so the objective is the mean of the two roles' own normalised losses, each by its own denominator under the
+    loss's aggregation (rows for the row means, tokens for the token mean), as two distinct models weigh them;
+    "pooled" keeps one mean over every row or token of the batch (MATPO's code), where the role with more rows or
+    tokens weighs more (e.g. 128 main rows against 512 sub slots: 20 % and 80 %). Either way the update logs each
+    role's share of the objective, `shared/main_weight` and `shared/sub_weight` (0.5 / 0.5 under per_role)."""
 
     def __init__(self, main: MainSide, sub: SubSide, config):
         super().__init__(main, sub)
@@ -251,11 +301,32 @@ class PooledPair(SidePair):
             raise ValueError(f"a pooled pair needs one learner on both sides, got {main.learner.name!r} and "
                              f"{sub.learner.name!r}")
         self.learner, self.rows_per_batch = main.learner, rl_batch_rows(config, MAIN)
+        self.bucketed = credit_name(config) == "matpo"
+        self.per_role = config.rollout.shared_role_weighting == "per_role"
+        self.aggregation = self.learner.loss_hparams.get("aggregation")
+        if self.per_role and self.aggregation is None:
+            raise ValueError(f"rollout.shared_role_weighting='per_role' normalises each role by its loss's "
+                             f"denominator, but loss {self.learner.config.loss!r} has no `aggregation`; set "
+                             "rollout.shared_role_weighting=pooled")
 
     def update(self, main_rows, sub_rows) -> dict:
         pad_id = self.learner.tokenizer.pad_id
-        pooled = batches.concat_rows([main_rows, *sub_rows], pad_id)
-        return self.learner.train(batches.pad_rows(pooled, self.rows_per_batch, pad_id))
+        parts = [main_rows, *[part for part in sub_rows if len(part["weights"])]]
+        pooled = batches.concat_rows(parts, pad_id)
+        rows = self.rows_per_batch
+        if self.bucketed:
+            rows = bucket_rows(len(pooled["weights"]), row_multiple(self.learner), self.rows_per_batch)
+        pooled = batches.pad_rows(pooled, rows, pad_id)
+        if self.aggregation is None:
+            return self.learner.train(pooled)
+        roles = (np.arange(rows) >= len(main_rows["weights"])).astype(np.int32)  # 0: main rows, 1: the rest
+        mask = trained_tokens(pooled)
+        if self.per_role:
+            pooled["weights"] = np.asarray(balance_roles(mask, pooled["weights"], roles, 2, self.aggregation))
+        own = np.asarray(role_denominators(mask, pooled["weights"], roles, 2, self.aggregation), np.float64)
+        shares = own / max(own.sum(), 1e-12)
+        return {**self.learner.train(pooled), "shared/main_weight": float(shares[0]),
+                "shared/sub_weight": float(shares[1])}
 
 
 def build_sides(config, learners: dict, engine, env, store, workdir: str, is_main_process: bool,
@@ -269,7 +340,13 @@ def build_sides(config, learners: dict, engine, env, store, workdir: str, is_mai
                         config.train.log_transcripts if is_main_process else 0)
     sub = NoSubSide()
     if SUB in learners:
-        sub = UnsyncSubSide(learners[SUB], store, config) if config.mode == "mgrpo_unsync" else SubSide(learners[SUB])
+        # MATPO's credit: one row per possible call; with two models the sub learner trains on its real calls,
+        # bucketed (in a shared mode the pooled pair buckets the pooled batch).
+        bucket_cap = rl_batch_rows(config, SUB) if credit_name(config) == "matpo" else None
+        if config.mode == "mgrpo_unsync":
+            sub = UnsyncSubSide(learners[SUB], store, config)
+        else:
+            sub = SubSide(learners[SUB], bucket_cap)
         if serving is not None:
             sub = serving(sub)
     if config.mode in SHARED_MODES:

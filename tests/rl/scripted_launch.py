@@ -61,9 +61,8 @@ def _scripted_init(self, config, workdir, job="colocated"):
         self.engine.top.sampler = DelegateFirst(self.engine.top.sampler, self.tokenizer)
 
 
-Trainer.__init__ = _scripted_init
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # importing the module (for `DelegateFirst`) patches nothing
+    Trainer.__init__ = _scripted_init
     entry = os.path.join(REPO, "launch", "tpu_run.py")
     sys.argv = [entry, *sys.argv[1:]]
     runpy.run_path(entry, run_name="__main__")
