@@ -167,8 +167,9 @@ def test_a_chunk_over_few_slots_decodes_those_alone_and_samples_what_a_full_pool
         assert len(alone[name][0]) == 2 * turns[name][1]
         assert alone[name][0] == beside[name][0]
         np.testing.assert_allclose(alone[name][1], beside[name][1], rtol=1e-5, atol=1e-6)
-    # Alone, per turn: chunks of 4 steps over a and b (2 rows), 4 more (b ends after 3), 2 over a alone (1 row).
-    assert few.slot_steps == 2 * (2 * 4 + 2 * 4 + 1 * 2) and few.sampled_tokens == 2 * (10 + 7)
+    # Alone, per turn: chunks of 4 steps over a and b (2 rows), 4 more (b ends after 3), 2 over a and a padding row
+    # (the smallest gathered batch is a quarter of the pool).
+    assert few.slot_steps == 2 * (2 * 4 + 2 * 4 + 2 * 2) and few.sampled_tokens == 2 * (10 + 7)
     # Beside 6 more: every chunk over all 8 (7 or 8 in a turn is more than half the pool), 3 chunks of the 12-token
     # turns per turn.
     assert full.slot_steps == 2 * 3 * 4 * 8
