@@ -190,6 +190,7 @@ class DecodeSlots:
         self.chunk = int(chunk)
         n = self.n
         self.owners: list = [None] * n
+        self._held = np.zeros(n, bool)  # slots with an owner (free_slot's search; `owners` compares episodes by value)
         self._slot_of: dict[int, int] = {}
         self.cached = np.zeros(n, np.int64)  # tokens of the owner's episode held in the slot's cache
         self.live = np.zeros(n, bool)
@@ -214,12 +215,14 @@ class DecodeSlots:
         return self._slot_of.get(id(owner))
 
     def free_slot(self) -> int | None:
-        return self.owners.index(None) if None in self.owners else None
+        free = np.flatnonzero(~self._held)
+        return int(free[0]) if free.size else None
 
     def assign(self, owner, slot: int) -> None:
         """Gives ``slot`` (free) to ``owner``; its cache starts empty (the first turn prefills the whole context)."""
         assert self.owners[slot] is None
         self.owners[slot], self._slot_of[id(owner)] = owner, slot
+        self._held[slot] = True
         self.cached[slot] = 0
 
     def release(self, owner, evicted: bool = False) -> None:
@@ -227,6 +230,7 @@ class DecodeSlots:
         slot = self._slot_of.pop(id(owner))
         assert not self.live[slot]
         self.owners[slot] = None
+        self._held[slot] = False
         self.cached[slot] = 0
         self.evictions += int(evicted)
 
@@ -385,6 +389,7 @@ class DecodeSlots:
             self.sampler.caches.give_back(self.cache)
             self.cache = None
         self.owners = [None] * self.n
+        self._held[:] = False
         self._slot_of.clear()
         self.live[:] = False
 
