@@ -60,6 +60,7 @@ LOSS_RECIPES = ("mode", "default")
 # (MATPO's code), where the role with more rows or tokens weighs more.
 ROLE_WEIGHTINGS = ("per_role", "pooled")
 PRESETS = tuple(presets.PRESETS)
+PAGED_ATTENTIONS = ("gather", "pallas")  # rollout.paged_attention (mgrpo_jax/sampling/paged.py: ATTENTIONS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
 DECAYS = ("cosine", "linear", "constant")  # learning-rate schedules after the warm-up (mgrpo_jax/agent/optim.py)
 
@@ -85,6 +86,10 @@ def _agent(model: str, *, context_tokens: int, max_turns: int, lr: float) -> ml_
     # KV cache across its turns. 0: one per episode that can be live at once (Q*K); fewer save cache memory and
     # cost a re-prefill whenever a parked episode gives its slot up.
     agent.rollout_slots = 0
+    # Blocks of the paged KV store of its decode slots (with rollout.kv_block_size > 0): 0 holds as many tokens as
+    # the contiguous slots would (rollout_slots x context_tokens); fewer bound the rollout's KV memory, the engine
+    # evicting idle episodes (they prefill again) when a turn finds too few.
+    agent.rollout_kv_blocks = 0
     agent.warmstart_steps = 0  # supervised warm-start steps of this agent (0: warmstart.steps)
     agent.passes = 1  # PPO-style optimisation passes (mu) over each RL batch
     agent.loss = "grpo"  # a name registered in mgrpo_jax.core.losses (register_loss)
@@ -193,6 +198,13 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # the twin's facts and answers; one twin per step): rewards then pay for reading the tools, never for a memory
     # of the world's facts. Evaluation always uses the world itself.
     c.rollout.counterfactual_share = 0.0
+    # Paged KV for the rollout engine's decode slots (mgrpo_jax/sampling/paged.py): blocks of this many tokens, each
+    # episode holding the blocks its length needs, full blocks of a common prefix (a query's K rollouts' prompt, the
+    # sub-agent's system prompt) stored once. 0: each slot a KV row of the whole context budget.
+    c.rollout.kv_block_size = 0
+    # The paged decode's attention: "gather" (the blocks gathered into the contiguous layout, any backend) or "pallas"
+    # (JAX's Pallas paged-attention kernel over the block tables, for TPUs; interpreted elsewhere, slowly).
+    c.rollout.paged_attention = "gather"
     # A shared-policy mode's weights of its two roles in the pooled batch: "per_role" (each role normalised by its own
     # denominator, the two averaged) or "pooled" (one mean over both, as MATPO's code); ROLE_WEIGHTINGS says more.
     c.rollout.shared_role_weighting = "per_role"
@@ -398,6 +410,7 @@ def _check_agent(p: _Problems, name: str) -> None:
         p.number(f"{name}.{field}", 1)
     p.number(f"{name}.warmstart_steps", 0)
     p.number(f"{name}.rollout_slots", 0)
+    p.number(f"{name}.rollout_kv_blocks", 0)
     if p.get(f"{name}.router_aux_loss_coef") is not None:
         p.number(f"{name}.router_aux_loss_coef", 0)
     mesh = p.get(f"{name}.mesh")
@@ -606,6 +619,8 @@ def validate(config, job: str | None = None) -> None:
     for field in ("queries", "samples", "d_max", "max_turn_tokens", "unsync_chunk"):
         p.number(f"rollout.{field}", 1)
     p.number("rollout.max_sub_calls", 0)
+    p.number("rollout.kv_block_size", 0)
+    p.choice("rollout.paged_attention", PAGED_ATTENTIONS)
     p.number("rollout.temperature", 0)
 
     for field, n in (("rewards.alpha", 2), ("rewards.beta", 3)):

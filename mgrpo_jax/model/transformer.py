@@ -379,12 +379,14 @@ def _project(x: jax.Array, w: dict, name: str, n_in: int = 1) -> jax.Array:
 
 
 def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, kv_update, token_mask,
-          causal=False):
+          causal=False, attend=None):
     """One decoder block over one layer's parameters ``lp`` (the MLP matrices ``gate`` / ``up`` / ``down`` may
     come transposed, ``[out, in]``, as ``gate_t`` / ``up_t`` / ``down_t``: same values; a layer with a
     ``router`` runs the mixture of experts, :mod:`mgrpo_jax.model.moe`, instead).
     ``kv_update(k_new, v_new) -> (k_all, v_all, state)`` supplies the keys; ``token_mask [B, T]`` marks the
-    real tokens (for the routing statistics). Returns ``(x, kv_state, RouterStats or None)``."""
+    real tokens (for the routing statistics). ``attend(q, k, v) -> (o, kv_state)``, if given, replaces
+    ``kv_update`` and the attention: keys and values the caller keeps itself (``forward``'s ``attend``). Returns
+    ``(x, kv_state, RouterStats or None)``."""
     cdt = cfg.compute_dtype
     w = {n: a.astype(cdt) for n, a in lp.items() if n not in ("attn_norm", "mlp_norm", "q_norm", "k_norm")}
     eps, p1 = cfg.norm_eps, cfg.norm_plus_one
@@ -403,9 +405,12 @@ def block(cfg: ModelConfig, mr: MeshRules | None, lp: dict, x, sin, cos, mask, k
         k = rms_norm(k, lp["k_norm"], eps, p1)
     q = apply_rope(q, sin, cos)
     k = apply_rope(k, sin, cos)
-    # The cache layout: keys [B, K, Dh, T], values [B, K, T, Dh].
-    k_all, v_all, kv_state = kv_update(jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2))
-    o = attention(q, k_all, v_all, mask, cfg, causal)
+    if attend is not None:
+        o, kv_state = attend(q, k, v)
+    else:
+        # The cache layout: keys [B, K, Dh, T], values [B, K, T, Dh].
+        k_all, v_all, kv_state = kv_update(jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2))
+        o = attention(q, k_all, v_all, mask, cfg, causal)
     o = constrain(o, ("act_batch", "act_seq", "act_heads", "act_head_dim"), mr)
     x = x + _project(o, w, "o", 2)
     x = constrain(x, ("act_batch", "act_seq", "act_embed"), mr)
@@ -493,7 +498,7 @@ def _sum_stats(stats: list) -> RouterStats | None:
 
 
 def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str, Any], tokens, positions, *,
-            attention_mask=None, cache=None, cache_index=None, logits_at=None, router_stats=False):
+            attention_mask=None, cache=None, cache_index=None, logits_at=None, router_stats=False, attend=None):
     """The model's forward pass, a pure function: ``(logits, new_cache)`` (module docstring: the call convention),
     and with ``router_stats`` a third value, the MoE layers' summed ``RouterStats`` (``None`` without any).
 
@@ -506,7 +511,12 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
       arrays, and XLA does not hoist those copies out of a ``while`` loop by itself: a loop passes the list.
     - ``lm_head_t [V, D]`` instead of ``lm_head``.
 
-    ``mesh_rules``: constrain activations by the logical rules (``None``: no constraints)."""
+    ``mesh_rules``: constrain activations by the logical rules (``None``: no constraints).
+
+    ``attend(layer, q, k, v) -> (o, state)``, in place of ``cache``: each layer's attention over keys and values the
+    caller keeps itself (the paged KV blocks of :mod:`mgrpo_jax.sampling.paged`); ``q [B, T, H, Dh]``, ``k`` and ``v``
+    ``[B, T, K, Dh]`` the layer's new ones after RoPE, ``o [B, T, H, Dh]``. The second value returned is then the
+    layers' states, a tuple."""
     mr = mesh_rules
     cdt = cfg.compute_dtype
     B, T = tokens.shape
@@ -521,11 +531,19 @@ def forward(cfg: ModelConfig, mesh_rules: MeshRules | None, params: Mapping[str,
     sin, cos = rope_sin_cos(positions, cfg)
     layers = params["layers"]
     mixed = len(set(cfg.moe_layers)) > 1  # dense and MoE layers: no common stacked shape to scan over
-    if isinstance(layers, Mapping) and (cache is not None or not cfg.scan_layers or mixed):
+    if isinstance(layers, Mapping) and (cache is not None or attend is not None or not cfg.scan_layers or mixed):
         layers = unstack_layers(layers, cfg.moe_layers)  # a loop over the layers (else a scan over the stacked arrays)
     stats = []
 
-    if cache is None:
+    if attend is not None:
+        states = []
+        for i, lp in enumerate(layers):
+            x, state, layer_stats = block(cfg, mr, lp, x, sin, cos, None, None, attention_mask,
+                                          attend=functools.partial(attend, i))
+            states.append(state)
+            stats.append(layer_stats)
+        new_cache = tuple(states)
+    elif cache is None:
         causal = jnp.tril(jnp.ones((T, T), jnp.bool_))
         mask = causal[None] & attention_mask[:, None, :]
 

@@ -107,7 +107,10 @@ def build_engine(config, tokenizer: ChatTokenizer, env: Environment, agents: dic
         return AgentRuntime(name, learner.sampler if learner else None, prompt, tools, can_delegate=can_delegate,
                             max_turns=config[name].max_turns, context_tokens=config[name].context_tokens,
                             tokenizer=(learner and learner.tokenizer) or agent_tokenizer(config, name, tokenizer),
-                            slots=config[name].get("rollout_slots", 0))
+                            slots=config[name].get("rollout_slots", 0),
+                            kv_block_size=config.rollout.get("kv_block_size", 0),
+                            kv_blocks=config[name].get("rollout_kv_blocks", 0),
+                            paged_attention=config.rollout.get("paged_attention", "gather"))
 
     grammar = get_grammar(config.env.grammar)
     if SINGLE in agent_names(config.mode):

@@ -17,6 +17,13 @@ of the whole cache (on the paper's shapes, gigabytes per episode over the host l
 compute-bound forward pass over the same tokens; it would also hold host memory for every parked episode. With the
 default slot count (one per rollout) no episode ever leaves its slot; fewer slots trade prefill for cache memory.
 
+**Paged KV** (`AgentRuntime.kv_block_size` > 0, the config's `rollout.kv_block_size`): the agent's slots keep their
+episodes' keys and values in blocks of that many tokens (:mod:`mgrpo_jax.sampling.paged`), each episode holding the
+blocks its length needs and the full blocks of a common prefix (a query's K rollouts' system prompt and question)
+stored once, so the store (`kv_blocks`) bounds the rollout's KV memory rather than slots x context. A turn starts
+when the store has its blocks; until it does, idle episodes (parked on a sub-agent) leave it as above, and where no
+turn runs at all the first waiting episode takes the blocks of the other waiting ones (they prefill again later).
+
 **Random numbers** come from the episode and the turn (`seed`, agent, question, rollout, invocation, turn number),
 never from the slot or the batch: the same seed gives the same episodes whatever the slot count.
 
@@ -81,6 +88,7 @@ from mgrpo_jax.rollout.episode import (
     RolloutBatch,
 )
 from mgrpo_jax.sampling.buckets import DEFAULT_BATCH_BUCKETS, bucket
+from mgrpo_jax.sampling.paged import PagedSlots
 from mgrpo_jax.sampling.sampler import Sampler
 from mgrpo_jax.sampling.slots import SLOT_CHUNK, DecodeSlots
 
@@ -104,6 +112,10 @@ class AgentRuntime:
     tokenizer: Any = None  # its own ChatTokenizer (None: the engine's); it renders and reads all of its episodes
     slots: int = 0  # decode slots of its sampler (0: one per episode that can be live at once, rounded up)
     decode_chunk: int = 0  # decode steps per round between the host's looks at the slots (0: the sampler's default)
+    # Paged KV (mgrpo_jax/sampling/paged.py): blocks of this many tokens, 0: each slot a row of the whole context.
+    kv_block_size: int = 0
+    kv_blocks: int = 0  # blocks of the paged store (0: as many as the slots' rows would hold)
+    paged_attention: str = "gather"  # the paged decode's attention: "gather" (any backend) or "pallas" (TPU kernel)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -422,7 +434,12 @@ class _SlotPool:
     def __init__(self, agent: AgentRuntime, live: int, limits: RolloutLimits, seed: int, temperature: float):
         self.agent, self.seed, self.temperature = agent, seed, temperature
         n = agent.slots or bucket(live, DEFAULT_BATCH_BUCKETS)
-        self.slots = DecodeSlots(agent.sampler, n, agent.context_tokens, chunk=agent.decode_chunk or SLOT_CHUNK)
+        chunk = agent.decode_chunk or SLOT_CHUNK
+        if agent.kv_block_size:
+            self.slots = PagedSlots(agent.sampler, n, agent.context_tokens, block_size=agent.kv_block_size,
+                                    blocks=agent.kv_blocks, attention=agent.paged_attention, chunk=chunk)
+        else:
+            self.slots = DecodeSlots(agent.sampler, n, agent.context_tokens, chunk=chunk)
         self.stop = (agent.tokenizer.end_of_turn_id,)
         self._waiting: list[tuple[Episode, _Turn]] = []
         self._turns: dict[int, _Turn] = {}
@@ -437,24 +454,42 @@ class _SlotPool:
         return bool(self._waiting) or self.slots.busy
 
     def launch(self) -> None:
-        slots, queued = self.slots, {id(e) for e, _ in self._waiting}
-        still = []
-        for episode, turn in self._waiting:
-            slot = slots.slot_of(episode)
-            if slot is None:
-                slot = slots.free_slot()
-                if slot is None:
-                    slot = self._evictable(queued)
-                    if slot is None:
-                        still.append((episode, turn))
-                        continue
-                    slots.release(slots.owners[slot], evicted=True)
-                slots.assign(episode, slot)
-            self._turns[id(episode)] = turn
-            slots.start(episode, episode.tokens + turn.prefix, budget=turn.budget, seed=turn_seed(self.seed, episode),
-                        temperature=self.temperature, stop_tokens=self.stop)
+        queued = {id(e) for e, _ in self._waiting}
+        still = [(episode, turn) for episode, turn in self._waiting if not self._admit(episode, turn, queued)]
+        if still and not self.slots.busy:
+            # Nothing runs, and the paged store's blocks are held by episodes that wait for a turn too: the first
+            # waiting one takes what it needs from the others (they prefill again when they get their turn).
+            episode, turn = still[0]
+            if self._admit(episode, turn, {id(episode)}):
+                still = still[1:]
         self._waiting = still
-        slots.launch()
+        self.slots.launch()
+
+    def _admit(self, episode: Episode, turn: _Turn, queued: set[int]) -> bool:
+        """Starts the episode's turn in its slot, or a free one, or the slot of an idle episode (not in `queued`),
+        where the pool has room for it (a paged pool's blocks: idle episodes leave until it does); False if not."""
+        slots = self.slots
+        slot = slots.slot_of(episode)
+        if slot is None:
+            slot = slots.free_slot()
+            if slot is None:
+                slot = self._evictable(queued)
+                if slot is None:
+                    return False
+                slots.release(slots.owners[slot], evicted=True)
+            slots.assign(episode, slot)
+        context = episode.tokens + turn.prefix
+        while not slots.fits(episode, context, turn.budget):
+            other = self._evictable(queued | {id(episode)})
+            if other is None:
+                if not slots.cached[slot]:  # it holds nothing yet: its slot serves another episode meanwhile
+                    slots.release(episode)
+                return False
+            slots.release(slots.owners[other], evicted=True)
+        self._turns[id(episode)] = turn
+        slots.start(episode, context, budget=turn.budget, seed=turn_seed(self.seed, episode),
+                    temperature=self.temperature, stop_tokens=self.stop)
+        return True
 
     def _evictable(self, queued: set[int]) -> int | None:
         """The slot whose owner has waited longest (on its sub-agent) without a turn, if any."""

@@ -9,6 +9,7 @@ Public API::
     out.tokens [B, max_new], out.logprobs [B, max_new], out.lengths [B], out.stopped [B]
     sampler.update_weights(model)  # new parameters, no recompilation
     sampler.caches                 # its CachePool: one donated KV cache per shape (cache.py), the decode slots' too
+    PagedSlots(sampler, n_slots, max_len, block_size=16)  # decode slots on paged KV with shared prefixes (paged.py)
     with observe(observer): ...    # the compiled calls' times, for benchmarks (observe.py)
 """
 
@@ -22,6 +23,7 @@ from mgrpo_jax.sampling.buckets import (
 from mgrpo_jax.sampling.cache import CachePool
 from mgrpo_jax.sampling.layout import decode_layout
 from mgrpo_jax.sampling.observe import CallObserver, observe
+from mgrpo_jax.sampling.paged import BlockPool, PagedSlots
 from mgrpo_jax.sampling.sampler import (
     NO_STOP,
     SampleOutput,
@@ -35,11 +37,13 @@ from mgrpo_jax.sampling.sampler import (
 )
 
 __all__ = [
+    "BlockPool",
     "CachePool",
     "CallObserver",
     "DEFAULT_BATCH_BUCKETS",
     "DEFAULT_LENGTH_BUCKETS",
     "NO_STOP",
+    "PagedSlots",
     "SampleOutput",
     "Sampler",
     "bucket",

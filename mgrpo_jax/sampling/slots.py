@@ -91,7 +91,6 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
     ``window``: every live slot's positions, this chunk's writes included, lie below it (the caller's bound); the
     chunk runs on a copy of the cache's first ``window`` positions, written back at its end, so a step reads
     the part of the cache the episodes have reached instead of the whole context budget."""
-    n = prev.shape[0]
     full = cache
     window = window or full["mask"].shape[1]
     if window < full["mask"].shape[1]:
@@ -99,6 +98,26 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
     step_forward = functools.partial(forward, model.cfg, model.mesh_rules,
                                      decode_layout(model.arrays(), out_major=out_major,
                                                    moe_layers=model.cfg.moe_layers))
+
+    def step(prev, pos, live, cache):
+        logits, cache = step_forward(prev[:, None], pos[:, None], attention_mask=live[:, None], cache=cache,
+                                     cache_index=pos)
+        return logits[:, 0], cache
+
+    *out, cache = decode_chunk(step, cache, prev, positions, live, budgets, seeds, offsets, temperature, stop_tokens,
+                               steps=steps, top_k=top_k, top_p=top_p, pad_id=pad_id)
+    if cache is not full and window < full["mask"].shape[1]:
+        cache = write_slots(full, cache)
+    return (*out, cache)
+
+
+def decode_chunk(step, cache, prev: jax.Array, positions: jax.Array, live: jax.Array, budgets: jax.Array,
+                 seeds: jax.Array, offsets: jax.Array, temperature: jax.Array, stop_tokens: jax.Array, *, steps: int,
+                 top_k: int = 0, top_p: float = 1.0, pad_id: int = 0):
+    """:func:`slot_decode`'s loop over any KV store ``cache``: ``step(prev [n], positions [n], live [n], cache) ->
+    (logits [n, V], cache)`` feeds one token per slot (the contiguous cache here; the paged blocks of
+    :mod:`mgrpo_jax.sampling.paged`). Same arguments and results as :func:`slot_decode`."""
+    n = prev.shape[0]
     keys = jax.vmap(jax.random.key)(seeds)
     temperature = temperature.astype(jnp.float32)
 
@@ -107,10 +126,9 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
 
     def body(carry):
         i, prev, pos, live, count, stopped, out_tok, out_lp, cache = carry
-        logits, cache = step_forward(prev[:, None], pos[:, None], attention_mask=live[:, None], cache=cache,
-                                     cache_index=pos)
+        logits, cache = step(prev, pos, live, cache)
         step_keys = jax.vmap(jax.random.fold_in)(keys, offsets + count)
-        tok, lp = sample_logits(logits[:, 0], step_keys, temperature, top_k, top_p)
+        tok, lp = sample_logits(logits, step_keys, temperature, top_k, top_p)
         tok = jnp.where(live, tok, pad_id)
         lp = jnp.where(live, lp, 0.0)
         out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, i))
@@ -124,8 +142,6 @@ def slot_decode(model, cache: dict, prev: jax.Array, positions: jax.Array, live:
     init = (jnp.int32(0), prev, positions, live & (budgets > 0), jnp.zeros((n,), jnp.int32), jnp.zeros((n,), jnp.bool_),
             jnp.full((n, steps), pad_id, jnp.int32), jnp.zeros((n, steps), jnp.float32), cache)
     i, _, _, _, count, stopped, out_tok, out_lp, cache = jax.lax.while_loop(cond, body, init)
-    if cache is not full and window < full["mask"].shape[1]:
-        cache = write_slots(full, cache)
     return out_tok, out_lp, count, stopped, i, cache
 
 
@@ -236,6 +252,11 @@ class DecodeSlots:
 
     def in_turn(self, slot: int) -> bool:
         return bool(self.live[slot]) or slot in self._empty
+
+    def fits(self, owner, context: list[int], budget: int) -> bool:
+        """Whether the pool has room for a turn of ``owner`` (in its slot): always, a slot holds a whole context (a
+        paged pool, :class:`~mgrpo_jax.sampling.paged.PagedSlots`, may have to free blocks first)."""
+        return True
 
     # -- turns ------------------------------------------------------------------------------------------------------
     def start(self, owner, context: list[int], *, budget: int, seed: int, temperature: float,
@@ -399,4 +420,5 @@ class DecodeSlots:
                 "evictions": self.evictions}
 
 
-__all__ = ["SLOT_CHUNK", "DecodeSlots", "compiled_programs", "slot_decode", "slot_decode_rows", "slot_prefill"]
+__all__ = ["SLOT_CHUNK", "DecodeSlots", "compiled_programs", "decode_chunk", "slot_decode", "slot_decode_rows",
+           "slot_prefill"]
