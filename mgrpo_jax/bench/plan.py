@@ -6,6 +6,7 @@
     python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
     python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
     python -m mgrpo_jax.bench.plan --quick              # --size=small --programs=decode: one compile, seconds
+    python -m mgrpo_jax.bench.plan --topologies=v5p-64 --programs=slots,paged   # episodes per chip, paged vs slots
     python -m mgrpo_jax.bench.plan --lora               # the paper_lora preset's agent (the 8B with LoRA) on v5e-64,
                                                         # v6e-64, v5p-64
 
@@ -23,6 +24,14 @@ compiled by the TPU compiler itself:
            decode slots, each holding a cache of the whole `context_tokens`; planned with the sampler's batch of
            slots and again with twice as many, the difference gives the bytes per slot, and so how many slots fit
            (`<prefix>_slots_fit_<topology>`, `_slots_fit_per_chip_`: that many over the chips).
+  paged    the same chunk on paged KV (mgrpo_jax/sampling/paged.py, blocks of `PAGED_BLOCK` tokens): each step attends
+           over the block tables with JAX's Pallas paged-attention kernel (`--paged_attention=pallas`, per shard;
+           where the kernel does not compile, the gather path is planned and the error reported as
+           `<prefix>_paged_pallas_error_`). Planned with the slots program's rows and a store of their mean blocks
+           under `EpisodeLengths` (a stated assumption: the paper gives no lengths), and again with twice both: the
+           difference gives one episode's bytes, and so how many episodes fit (`<prefix>_paged_episodes_fit_`,
+           `_paged_episodes_per_chip_`, against the slots: `_paged_vs_slots_`). The command plans it by default;
+           `plan_topology`'s default programs are the first four.
 
 Per-chip bytes come from `compiled.memory_analysis()`: arguments + outputs - aliased (donated) + temporaries
 + code. A program "fits" when that is at most `--fit_fraction` (default 0.9) of the chip's HBM, leaving the
@@ -85,6 +94,7 @@ from mgrpo_jax.model import DEFAULT_RULES, MeshRules, abstract_model, get_model_
 from mgrpo_jax.model.lora import lora_spec
 from mgrpo_jax.model.sharding import resolve_mesh_shape
 from mgrpo_jax.model.transformer import cache_shape, cache_shardings
+from mgrpo_jax.sampling.paged import STORE_AXES, blocks_for, paged_decode, pallas_decode, store_shape
 from mgrpo_jax.sampling.slots import SLOT_CHUNK, STOP_WIDTH, slot_decode
 
 GIB = 1024**3
@@ -98,6 +108,8 @@ SIZES = {"paper": (PAPER_TOPOLOGIES, "paper_moe"), "paper_dense": (PAPER_DENSE_T
          "small": (SMALL_TOPOLOGIES, "small"), "small_moe": (SMALL_TOPOLOGIES, "small_moe")}
 LORA_TOPOLOGIES = {"v5e-64": "v5e:8x8", "v6e-64": "v6e:8x8", "v5p-64": "v5p:4x4x2"}
 PROGRAMS = ("train", "prefill", "decode", "slots")
+ALL_PROGRAMS = PROGRAMS + ("paged",)  # the command's default; `plan_topology`'s is PROGRAMS
+PAGED_BLOCK = 32  # tokens per KV block of the paged program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,17 +323,117 @@ def lower_slots(plan: Plan, mesh: Mesh, n_slots: int):
     """The rollout engine's decode program (mgrpo_jax/sampling/slots.py): one chunk of `SLOT_CHUNK` steps over
     `n_slots` slots, each with a cache of the whole context budget, the cache donated."""
     graphdef, params, cache, mr = _sampler_inputs(plan, mesh, n_slots)
-    one = mr.sharding(("act_batch",), (n_slots,))
 
     def decode(params, cache, prev, positions, live, budgets, seeds, offsets, temperature, stops):
         return slot_decode(nnx.merge(graphdef, params), cache, prev, positions, live, budgets, seeds, offsets,
                            temperature, stops, steps=SLOT_CHUNK)
 
-    row = {k: _abstract((n_slots,), dtype, one) for k, dtype in
-           (("prev", jnp.int32), ("positions", jnp.int32), ("live", jnp.bool_), ("budgets", jnp.int32),
-            ("seeds", jnp.int32), ("offsets", jnp.int32), ("temperature", jnp.float32))}
-    stops = _abstract((n_slots, STOP_WIDTH), jnp.int32, mr.sharding(("act_batch", None), (n_slots, STOP_WIDTH)))
-    return jax.jit(decode, donate_argnums=(1,)).lower(params, cache, *row.values(), stops)
+    return jax.jit(decode, donate_argnums=(1,)).lower(params, cache, *_row_inputs(mr, n_slots))
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeLengths:
+    """Episode lengths (tokens at an episode's end) that the paged plan counts. An episode is a prompt, then
+    `tool_turns` tool turns (uniform) and an answer turn; each turn samples a log-uniform number of tokens in
+    `turn_tokens` (up to the plan's tokens per turn), each tool response adds a log-uniform number in
+    `response_tokens`, each turn and response `overhead` tokens of headers and tags; capped at the context.
+
+    The paper gives no lengths (its text has no tables; paper-notes.md), so the default is a stated assumption: the
+    shape of `bench.rollout --workload=long`'s paper-shaped episodes (9-14 tool turns, responses of 100-1,000 tokens,
+    turns log-uniform from 16 tokens) with the `paper` preset's limits (the released code's: 1,024 new tokens per
+    turn, a 32,768-token context) and a 1,024-token prompt (system prompt with the tools' descriptions, and the
+    task). Mean 8,637 tokens (median 8,554, 90th percentile 10,835, none at the context). `scaled` keeps the shape
+    for a shorter context (the small plans)."""
+
+    prompt: int = 1024
+    tool_turns: tuple[int, int] = (9, 14)
+    turn_tokens: tuple[int, int] = (16, 1024)
+    response_tokens: tuple[int, int] = (100, 1000)
+    overhead: int = 4
+    context: int = 32_768
+
+    def sample(self, n: int, seed: int = 0) -> np.ndarray:
+        """`n` episode lengths (int64), drawn with `seed`."""
+        rng = np.random.default_rng(seed)
+
+        def log_uniform(bounds, size):
+            return np.exp(rng.uniform(np.log(bounds[0]), np.log(bounds[1] + 1), size)).astype(np.int64)
+
+        turns = rng.integers(self.tool_turns[0], self.tool_turns[1], size=n, endpoint=True)
+        length = np.full(n, self.prompt, np.int64)
+        for t in range(self.tool_turns[1] + 1):  # tool turns, then the answer turn
+            length += np.where(t <= turns, log_uniform(self.turn_tokens, n) + self.overhead, 0)
+            length += np.where(t < turns, log_uniform(self.response_tokens, n) + self.overhead, 0)
+        return np.minimum(length, self.context)
+
+    def scaled(self, context: int, max_turn: int) -> EpisodeLengths:
+        """The same shape for a context of `context` tokens and turns of at most `max_turn`."""
+        f = context / self.context
+        size = lambda x: max(1, int(x * f))  # noqa: E731
+        return dataclasses.replace(self, prompt=size(self.prompt), context=context,
+                                   turn_tokens=(min(size(self.turn_tokens[0]), max_turn), max_turn),
+                                   response_tokens=tuple(size(x) for x in self.response_tokens))
+
+
+PAPER_LENGTHS = EpisodeLengths()
+
+
+def episode_blocks(plan: Plan, block_size: int, lengths: EpisodeLengths = PAPER_LENGTHS, n: int = 100_000) -> dict:
+    """KV blocks an episode holds under the paged engine, by `lengths` (scaled to the plan's context): at most its
+    final length plus one turn's budget (a turn reserves its budget while it runs), in whole blocks. Counted without
+    shared prompt blocks (a query's K rollouts would hold their prompt once)."""
+    drawn = lengths.scaled(plan.seq_len, plan.max_new).sample(n)
+    held = -(-np.minimum(drawn + plan.max_new, plan.seq_len) // block_size)
+    return {"mean_tokens": float(drawn.mean()), "p50_tokens": float(np.median(drawn)),
+            "p90_tokens": float(np.quantile(drawn, 0.9)), "at_context": float(np.mean(drawn >= plan.seq_len)),
+            "blocks": float(held.mean())}
+
+
+def lower_paged(plan: Plan, mesh: Mesh, rows: int, blocks: int, block_size: int = PAGED_BLOCK,
+                attention: str = "pallas"):
+    """The paged engine's decode program (mgrpo_jax/sampling/paged.py): one chunk of `SLOT_CHUNK` steps over `rows`
+    episodes whose KV lies in a store of `blocks` blocks of `block_size` tokens, donated; block tables of the whole
+    context. "pallas": each step attends over the tables with the Pallas paged-attention kernel (per shard); "gather":
+    the chunk gathers the tables' blocks into a contiguous window of the whole context."""
+    graphdef, params, _, mr = _sampler_inputs(plan, mesh, rows)
+    shapes = store_shape(plan.model, blocks, block_size)
+    sharding = mr.sharding(STORE_AXES, shapes["k"][0].shape)
+    store = jax.tree.map(lambda s: _abstract(s.shape, s.dtype, sharding), shapes)
+    width = blocks_for(plan.seq_len, block_size)
+    table = _abstract((rows, width), jnp.int32, mr.sharding(("act_batch", None), (rows, width)))
+
+    def decode(params, store, table, prev, positions, live, budgets, seeds, offsets, temperature, stops):
+        model = nnx.merge(graphdef, params)
+        args = (prev, positions, live, budgets, seeds, offsets, temperature, stops)
+        if attention == "pallas":
+            return pallas_decode(model, store, table, *args, steps=SLOT_CHUNK)
+        return paged_decode(model, store, table, positions, *args, steps=SLOT_CHUNK)
+
+    return jax.jit(decode, donate_argnums=(1,)).lower(params, store, table, *_row_inputs(mr, rows))
+
+
+def _row_inputs(mr: MeshRules, rows: int) -> list:
+    """The decode programs' per-row arguments (abstract): prev, positions, live, budgets, seeds, offsets,
+    temperature, stop tokens."""
+    one = mr.sharding(("act_batch",), (rows,))
+    row = [_abstract((rows,), dtype, one) for dtype in (jnp.int32, jnp.int32, jnp.bool_, jnp.int32, jnp.int32,
+                                                         jnp.int32, jnp.float32)]
+    return row + [_abstract((rows, STOP_WIDTH), jnp.int32, mr.sharding(("act_batch", None), (rows, STOP_WIDTH)))]
+
+
+def paged_fit(plan: Plan, mesh: Mesh, first: dict, rows: int, shards: int, hbm: float, fit_fraction: float, *,
+              blocks: int, attention: str, footprint: dict, failed: str = "", block_size: int = PAGED_BLOCK) -> dict:
+    """How many episodes fit under the paged engine: the paged program compiled again with twice the rows and
+    blocks gives the bytes of one episode (a decode row and its mean blocks; the store grows linearly, the weights
+    stay); the most episodes, in whole shards, within `fit_fraction` of HBM."""
+    second = per_chip_bytes(lower_paged(plan, mesh, 2 * rows, 2 * blocks, block_size, attention).compile())
+    per_episode = (second["total"] - first["total"]) / GIB / rows
+    fixed = first["total"] / GIB - per_episode * rows
+    most = int((fit_fraction * hbm - fixed) / per_episode) // shards * shards if per_episode > 0 else 0
+    return {"paged_rows": rows, "paged_blocks": blocks, "paged_block_size": block_size,
+            "paged_attention": attention, "paged_episode_gib_per_chip": per_episode, "paged_fixed_gib": fixed,
+            "paged_episodes_fit": most, "paged_episodes_per_chip": most / len(mesh.devices.flat),
+            "paged_mean_episode_tokens": footprint["mean_tokens"], "paged_blocks_per_episode": footprint["blocks"]}
 
 
 def slot_rows(plan: Plan, mesh: Mesh) -> tuple[int, int]:
@@ -368,7 +480,8 @@ def micro_for(plan: Plan, mesh: Mesh) -> int:
     return micro
 
 
-def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_fraction: float = 0.9) -> list:
+def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_fraction: float = 0.9,
+                  paged_attention: str = "pallas") -> list:
     devices = topology_devices(topology)
     mesh = build_mesh(mesh_for_rows(plan.mesh, len(devices), plan.train_rows), devices)
     hbm = HBM_GIB[topology.split(":")[0]]
@@ -376,17 +489,10 @@ def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_f
     rows = []
     for program in programs:
         start = time.perf_counter()
-        if program == "train":
-            lowered = lower_train(plan, mesh, micro)
-        elif program == "prefill":
-            lowered = lower_prefill(plan, mesh)
-        elif program == "slots":
-            n_slots, shards = slot_rows(plan, mesh)
-            lowered = lower_slots(plan, mesh, n_slots)
-        else:
-            lowered = lower_decode(plan, mesh)
+        paged = {}  # the paged program: its store, attention and any failure of the Pallas kernel
         try:
-            mem, refused = per_chip_bytes(lowered.compile()), False
+            compiled, paged = _compile(program, plan, mesh, micro, paged_attention)
+            mem, refused = per_chip_bytes(compiled), False
             gib = mem["total"] / GIB
         except jax.errors.JaxRuntimeError as e:
             # The TPU compiler refuses a program whose buffers exceed HBM; its message gives what it needed.
@@ -394,15 +500,48 @@ def plan_topology(plan: Plan, name: str, topology: str, programs=PROGRAMS, fit_f
             if gib is None:
                 raise
             mem, refused = {}, True
-        extra = {}
+        extra = {"paged_pallas_error": paged["failed"]} if paged.get("failed") else {}
         if program == "slots" and not refused:
-            extra = slots_fit(plan, mesh, mem, n_slots, shards, hbm, fit_fraction)
+            extra = slots_fit(plan, mesh, mem, *slot_rows(plan, mesh), hbm, fit_fraction)
+        if program == "paged" and not refused:
+            extra.update(paged_fit(plan, mesh, mem, *slot_rows(plan, mesh), hbm, fit_fraction, **paged))
         seconds = time.perf_counter() - start
         rows.append({"topology": name, "chips": len(devices), "mesh": dict(mesh.shape), "program": program,
                      "micro": micro if program == "train" else None, "gib": gib, "hbm_gib": hbm,
                      "fits": not refused and gib <= fit_fraction * hbm, "margin": 1.0 - gib / hbm,
                      "compile_s": seconds, "bytes": mem, "refused": refused, **extra})
     return rows
+
+
+def _compile(program: str, plan: Plan, mesh: Mesh, micro: int, paged_attention: str):
+    """The program compiled for the mesh; for "paged" also {blocks, attention, footprint, failed} (`paged_fit`)."""
+    if program == "train":
+        return lower_train(plan, mesh, micro).compile(), {}
+    if program == "prefill":
+        return lower_prefill(plan, mesh).compile(), {}
+    if program == "decode":
+        return lower_decode(plan, mesh).compile(), {}
+    n_slots, shards = slot_rows(plan, mesh)
+    if program == "slots":
+        return lower_slots(plan, mesh, n_slots).compile(), {}
+    # A store of the plan's slots' mean blocks, at least one whole context per shard.
+    footprint = episode_blocks(plan, PAGED_BLOCK)
+    blocks = shards * max(math.ceil(n_slots * footprint["blocks"] / shards), blocks_for(plan.seq_len, PAGED_BLOCK))
+    compiled, attention, failed = _compile_paged(plan, mesh, n_slots, blocks, paged_attention)
+    return compiled, {"blocks": blocks, "attention": attention, "footprint": footprint, "failed": failed}
+
+
+def _compile_paged(plan: Plan, mesh: Mesh, rows: int, blocks: int, attention: str):
+    """`lower_paged` with `attention`, compiled; where the Pallas kernel does not lower or compile (other than for
+    want of HBM), the gather path, and what failed: (compiled, the attention planned, the error or "")."""
+    try:
+        return lower_paged(plan, mesh, rows, blocks, PAGED_BLOCK, attention).compile(), attention, ""
+    except Exception as e:  # any failure of the kernel is reported, and the plan goes on with the gather path
+        if attention != "pallas" or refused_gib(str(e)) is not None:
+            raise
+        failed = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        print(f"the Pallas paged-attention program did not compile ({failed}); planning the gather path", flush=True)
+        return lower_paged(plan, mesh, rows, blocks, PAGED_BLOCK, "gather").compile(), "gather", failed
 
 
 def refused_gib(message: str) -> float | None:
@@ -421,7 +560,7 @@ def _key(name: str) -> str:
 
 
 def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, programs: tuple,
-             fit_fraction: float) -> tuple[list, dict]:
+             fit_fraction: float, paged_attention: str = "pallas") -> tuple[list, dict]:
     """Plans `plan` on each of `names` (topologies of `table`), printing its description and a row per program;
     returns the rows and their figures (keys `<prefix>_<program>_gib_per_chip_<topology>`, ...)."""
     m = plan.model
@@ -438,7 +577,7 @@ def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, prog
     print(header)
     rows = []
     for name in names:
-        for row in plan_topology(plan, name, table[name], programs, fit_fraction):
+        for row in plan_topology(plan, name, table[name], programs, fit_fraction, paged_attention):
             rows.append(row)
             mesh = ",".join(str(v) for v in row["mesh"].values())
             gib = (">" if row["refused"] else "") + f"{row['gib']:.2f}"  # ">": the compiler refused (out of HBM)
@@ -449,6 +588,13 @@ def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, prog
                 print(f"{'':<9} slots: {row['slots']} slots plan {row['gib']:.2f} GiB/chip, "
                       f"{row['slot_gib_per_chip'] * 1024:.1f} MiB/chip per slot of {plan.seq_len} tokens -> "
                       f"{row['slots_fit']} slots fit ({row['slots_fit_per_chip']:.1f} per chip)", flush=True)
+            if "paged_episodes_fit" in row:
+                print(f"{'':<9} paged ({row['paged_attention']}): {row['paged_rows']} episodes in "
+                      f"{row['paged_blocks']} blocks of {row['paged_block_size']} tokens plan {row['gib']:.2f} "
+                      f"GiB/chip, {row['paged_episode_gib_per_chip'] * 1024:.1f} MiB/chip per episode (mean "
+                      f"{row['paged_mean_episode_tokens']:,.0f} tokens, {row['paged_blocks_per_episode']:.1f} blocks "
+                      f"held) -> {row['paged_episodes_fit']} episodes fit ({row['paged_episodes_per_chip']:.1f} "
+                      f"per chip)", flush=True)
 
     figures = {}
     for row in rows:
@@ -459,7 +605,9 @@ def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, prog
         figures[key.format("refused")] = row["refused"]
         if row["program"] == "train":
             figures[f"{prefix}_train_micro_batches_{_key(row['topology'])}"] = row["micro"]
-        for field in ("slots", "slots_fit", "slots_fit_per_chip", "slot_gib_per_chip"):
+        for field in ("slots", "slots_fit", "slots_fit_per_chip", "slot_gib_per_chip", "paged_episodes_fit",
+                      "paged_episodes_per_chip", "paged_episode_gib_per_chip", "paged_blocks_per_episode",
+                      "paged_mean_episode_tokens", "paged_block_size", "paged_attention", "paged_pallas_error"):
             if field in row:
                 value = row[field]
                 figures[f"{prefix}_{field}_{_key(row['topology'])}"] = round(value, 4) if isinstance(value, float) \
@@ -467,6 +615,10 @@ def run_plan(plan: Plan, label: str, prefix: str, names: list, table: dict, prog
     for topo in names:
         mine = [r for r in rows if r["topology"] == topo]
         figures[f"{prefix}_fits_{_key(topo)}"] = bool(mine) and all(r["fits"] for r in mine)
+        slots = next((r["slots_fit"] for r in mine if "slots_fit" in r), 0)
+        paged = next((r["paged_episodes_fit"] for r in mine if "paged_episodes_fit" in r), 0)
+        if slots and paged:  # concurrent episodes, paged against whole-context slots
+            figures[f"{prefix}_paged_vs_slots_{_key(topo)}"] = round(paged / slots, 3)
         figures[f"{prefix}_max_gib_per_chip_{_key(topo)}"] = round(max(r["gib"] for r in mine), 3)
     return rows, figures
 
@@ -511,7 +663,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=tuple(SIZES), default="paper")
     parser.add_argument("--topologies", default="", help="comma-separated names (default: all of the size's)")
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--programs", default=",".join(ALL_PROGRAMS))
+    parser.add_argument("--paged_attention", choices=("pallas", "gather"), default="pallas",
+                        help="the paged program's attention (the gather path is planned where Pallas fails)")
     parser.add_argument("--agent", choices=("main", "sub", "shared"), default="sub",
                         help="paper size: which agent's shapes; shared: one model serving both roles, beside the two")
     parser.add_argument("--two_models", action=argparse.BooleanOptionalAction, default=True,
@@ -559,7 +713,7 @@ def main(argv=None) -> dict:
     shared = args.agent == "shared"
     label = f"{args.size} shared (one model, both roles: mode {SHARED_MODE})" if shared else args.size
     rows, planned = run_plan(plan, label, f"{prefix}_shared" if shared else prefix, names, table, programs,
-                             args.fit_fraction)
+                             args.fit_fraction, args.paged_attention)
     m = plan.model
     figures = {"size": args.size, "lora": args.lora, "fit_fraction": args.fit_fraction,
                "params_b": m.num_params() / 1e9,
@@ -574,7 +728,7 @@ def main(argv=None) -> dict:
             pair_rows = {}
             for agent, p in pair.items():
                 pair_rows[agent], planned = run_plan(p, f"{args.size} {agent}", f"{prefix}_{agent}", names, table,
-                                                     programs, args.fit_fraction)
+                                                     programs, args.fit_fraction, args.paged_attention)
                 figures.update(planned)
             figures.update(compare_shared(prefix, names, rows, pair_rows["main"], pair_rows["sub"]))
     emit(figures)
