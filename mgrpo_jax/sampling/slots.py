@@ -11,8 +11,8 @@ donated to every call and given back at :meth:`DecodeSlots.close`, and runs two 
   context the slot already holds.
 - :func:`slot_decode` runs up to ``chunk`` decode steps over every slot at once, each slot at its own position,
   and stops early once no slot is live (when at most half the pool is in a turn, :func:`slot_decode_rows` runs
-  it over those slots only, their cache rows gathered and scattered back, so idle slots cost no decode steps,
-  and a call reads the cache positions its slots have reached, ``WINDOW_BUCKETS``). A slot's row ends at
+  it over half the pool, those slots' cache rows gathered and scattered back, so idle slots cost fewer decode
+  steps; a call reads the cache positions its slots have reached, ``WINDOW_BUCKETS``). A slot's row ends at
   its stop token or its budget; between chunks the host (:mod:`mgrpo_jax.rollout.engine`) takes the finished
   rows, runs their tools and starts the next turn of any episode in any free slot. Rows never share keys: a query
   attends to its own slot only, to the positions its own episode wrote.
@@ -47,15 +47,15 @@ from mgrpo_jax.sampling.sampler import NO_STOP, Sampler, sample_logits, to_host
 
 SLOT_CHUNK = 16  # decode steps per host round-trip (a stopped row idles at most this many steps)
 STOP_WIDTH = 4  # per-slot stop-token table width
-# Cache positions a call reads (prefill and decode chunk), from 32: a call early in a short episode (the compact
-# agents' budgets are 64-96 tokens) gathers and attends over the positions its rows have reached, not the budget.
-WINDOW_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+WINDOW_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)  # cache positions a call reads
 DECODE_WINDOW_BUCKETS = WINDOW_BUCKETS  # a decode chunk's (the same; a name of its own for pools that differ)
-# A chunk decodes only the slots in a turn, gathered into a batch of a power-of-two size (the pool's 1/4 or 1/2: few
-# compiled shapes), once that batch is at most half the pool: the gather and scatter of those rows' caches (two
-# passes over them) then cost less than a chunk's steps over the idle slots would. On the `local` preset's rollouts
-# (128 slots per agent) this took the slot engine from 1.33x to 1.5x the lock-step engine's speed.
-GATHER_SMALLEST = 4
+# A chunk with at most half the pool's slots in a turn decodes half the pool: those slots' cache rows gathered,
+# decoded and scattered back (two passes over them, less than a chunk's steps over the idle half). One gathered
+# size, so one more compiled program per window. On the `local` preset's rollouts (128 slots per agent, agents
+# warm-started 500 steps; docs/benchmarks.md) the slot engine went from 1.22x to 1.40x the lock-step engine's speed;
+# a quarter-pool size as well gave 1.47x, and windows from 32 positions 1.51x, at 2 and 11 more compiled programs
+# (about 1.4 s of CPU each, in every run's first steps).
+GATHER_FRACTION = 2
 
 
 def slot_prefill(model, cache: dict, rows: jax.Array, tokens: jax.Array, starts: jax.Array, counts: jax.Array, *,
@@ -336,12 +336,11 @@ class DecodeSlots:
         self._pending = (out, rows)
 
     def _decode_rows(self) -> np.ndarray | None:
-        """The slots the next chunk decodes (module constants): the slots in a turn, padded with ``n`` to a
-        power-of-two batch, where that batch is at most half the pool; None: every slot."""
+        """The slots the next chunk decodes (``GATHER_FRACTION``): where the slots in a turn fit in half the pool
+        (a batch the data axes divide), those, padded with ``n``; None: every slot."""
         live = np.flatnonzero(self.live)
-        smallest = max(1, self.n // GATHER_SMALLEST)
-        size = bucket(len(live), pow2_buckets(smallest, self.n), self.sampler.batch_multiple)
-        if 2 * size > self.n:
+        size = self.n // GATHER_FRACTION
+        if len(live) > size or size % self.sampler.batch_multiple:
             return None
         rows = np.full((size,), self.n, np.int32)
         rows[:len(live)] = live

@@ -131,9 +131,9 @@ def test_a_call_that_grows_the_programs_counts_as_compiled():
 
 
 def test_a_chunk_over_few_slots_decodes_those_alone_and_samples_what_a_full_pool_would(sampler):
-    """With 2 of 8 slots in a turn a chunk decodes those 2 only (gathered: `slot_steps` counts 2 rows a step); their
-    turns sample the same tokens and log-probs as beside 6 more (random numbers come from the turn), over two turns
-    of several chunks, one ending inside a chunk."""
+    """With 2 of 8 slots in a turn a chunk decodes half the pool, those 2 gathered (`slot_steps` counts 4 rows a step);
+    their turns sample the same tokens and log-probs as beside 6 more (random numbers come from the turn), over two
+    turns of several chunks, one ending inside a chunk."""
     turns = {"a": ([5, 1, 2, 3], 10, 11), "b": ([7, 4], 7, 12)}  # first context, budget, seed
     turns.update({f"other{i}": ([3, i + 1], 12, 100 + i) for i in range(6)})
 
@@ -167,9 +167,9 @@ def test_a_chunk_over_few_slots_decodes_those_alone_and_samples_what_a_full_pool
         assert len(alone[name][0]) == 2 * turns[name][1]
         assert alone[name][0] == beside[name][0]
         np.testing.assert_allclose(alone[name][1], beside[name][1], rtol=1e-5, atol=1e-6)
-    # Alone, per turn: chunks of 4 steps over a and b (2 rows), 4 more (b ends after 3), 2 over a and a padding row
-    # (the smallest gathered batch is a quarter of the pool).
-    assert few.slot_steps == 2 * (2 * 4 + 2 * 4 + 2 * 2) and few.sampled_tokens == 2 * (10 + 7)
-    # Beside 6 more: every chunk over all 8 (7 or 8 in a turn is more than half the pool), 3 chunks of the 12-token
+    # Alone, per turn: chunks of 4 steps over a and b, 4 more (b ends after 3), 2 over a: 4 rows each (a, b or a
+    # alone, and padding rows).
+    assert few.slot_steps == 2 * 4 * (4 + 4 + 2) and few.sampled_tokens == 2 * (10 + 7)
+    # Beside 6 more: every chunk over all 8 (7 or 8 in a turn, more than half the pool), 3 chunks of the 12-token
     # turns per turn.
     assert full.slot_steps == 2 * 3 * 4 * 8
