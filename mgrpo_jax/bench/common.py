@@ -1,10 +1,12 @@
 """Shared helpers for the `python -m mgrpo_jax.bench.NAME` benchmarks: timing, host devices and the final
 JSON line."""
 
+import argparse
 import json
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 
@@ -32,6 +34,34 @@ def host_devices(n: int) -> int:
     except RuntimeError:  # the backend is already up
         pass
     return len(jax.devices("cpu"))
+
+
+# The default warm start of the benchmarks that run RL steps (bench.rollout, bench.store), supervised steps per agent:
+# the compact agents keep the format from about 100 steps on (mgrpo_jax/presets.py) and their episodes then have a
+# real run's lengths (12 generated tokens per episode on local, as after the preset's own 500: bench.rollout).
+WARMSTART_STEPS = 100
+
+
+def warmstart_arg(text: str) -> int | None:
+    """A ``--warmstart-steps`` value: steps per agent, or ``preset`` (None): the preset's own ``warmstart.min_steps``,
+    as far as its runs warm-start."""
+    return None if text == "preset" else int(text)
+
+
+def parse_sized(parser: argparse.ArgumentParser, argv: Sequence[str] | None, quick: Sequence[str],
+                full: Sequence[str] = ()) -> argparse.Namespace:
+    """Parses ``argv`` (default ``sys.argv[1:]``) with the benchmark's sizes: ``--quick`` (tiny sizes, seconds: every
+    code path, what CI runs) puts ``quick``'s flags first, ``--full`` (the long version, where the default is a cut of
+    it that runs in minutes) puts ``full``'s; flags given beside either still apply. Adds both flags to ``parser``."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds: " + " ".join(quick))
+    if full:
+        parser.add_argument("--full", action="store_true", help="the long version: " + " ".join(full))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if args.quick and getattr(args, "full", False):
+        parser.error("--quick and --full: one or the other")
+    mode = quick if args.quick else full if getattr(args, "full", False) else ()
+    return parser.parse_args([*mode, *argv]) if mode else args
 
 
 def emit(figures: dict) -> None:

@@ -3,12 +3,17 @@
     python -m mgrpo_jax.bench.model            # the fixed 'bench' shape (issue 3 part 6)
     python -m mgrpo_jax.bench.model --quick    # tiny sizes, seconds (what the test runs)
     python -m mgrpo_jax.bench.model --shape=moe  # the mixture-of-experts shape 'bench-moe' vs HF Qwen3-MoE
+    python -m mgrpo_jax.bench.model --full     # the long version: 3 rounds, 256 new tokens, decode at batch 64 too
+
+The default runs in a few minutes on 2 cores (docs/benchmarks.md has the wall times): 2 rounds (``--shape=moe``:
+one), decode of 128 new tokens at batch 32; ``--full`` (``FULL``, the default before issue 37) times 3 rounds, 256
+new tokens, batch 32 and 64, and with ``--shape=moe`` also our dense shape.
 
 Shape: Qwen-3 style, vocab 2048, d_model 256, 4 layers, 4 query / 2 KV heads, head_dim 64, MLP 1024, f32.
 ``--shape=moe``: the same with every MLP a mixture of 8 SwiGLU experts of width 512, 2 per token (the preset
 ``bench-moe``: the active parameters of ``bench`` plus the router), against ``transformers``
-``Qwen3MoeForCausalLM`` of that shape, then our dense ``bench`` shape (equal active parameters) without the
-peer, in the same run. Its JSON names the MoE figures ``moe_*`` / ``hf_moe_*`` (``moe_train_tokens_per_s``,
+``Qwen3MoeForCausalLM`` of that shape, then (with ``--full``) our dense ``bench`` shape (equal active parameters)
+without the peer, in the same run. Its JSON names the MoE figures ``moe_*`` / ``hf_moe_*`` (``moe_train_tokens_per_s``,
 ``hf_moe_train_tokens_per_s``, ``moe_decode_tokens_per_s``, ``hf_moe_decode_tokens_per_s``,
 ``moe_train_vs_hf``, ``moe_decode_vs_hf``) and the dense ones ``dense_*``.
 
@@ -18,9 +23,10 @@ every workload once, back to back, in the order: matmul peak, our decode at batc
 more at the end). Figures are medians over rounds; ``decode_vs_hf`` / ``train_vs_hf`` are medians of the
 per-round ratios, so load from other processes that drifts during the run hits both sides alike.
 
-* ``decode``: ``Sampler.generate`` at batch 32 and 64, prompt 128 random ids, 256 new tokens, temperature
-  1, no top-k/top-p, no stop tokens (every row generates all 256). tokens/s = batch * 256 / wall time of
-  the whole call (prefill included, as in HF ``generate()``); ``decode_tokens_per_s`` is batch 32. The
+* ``decode``: ``Sampler.generate`` at batch 32 (and 64 with ``--full``), prompt 128 random ids, 128 new tokens
+  (256 with ``--full``), temperature 1, no top-k/top-p, no stop tokens (every row generates all of them).
+  tokens/s = batch * new tokens / wall time of the whole call (prefill included, as in HF ``generate()``);
+  ``decode_tokens_per_s`` is batch 32. The
   sampler runs with ``decode_phases`` (``--decode-phases``, default 8): the decode loop in that many
   phases, each attending only to the cache slots filled by its end (``mgrpo_jax.sampling.generate``). The
   batch is split over ``decode_devices`` CPU devices (``--decode-devices``, default one per core; one for the
@@ -43,7 +49,7 @@ per-round ratios, so load from other processes that drifts during the run hits b
   this run; taking the best keeps the ratio conservative when other work slows some of the timings.
 * the peer: ``transformers`` ``Qwen3ForCausalLM`` of the same shape, float32, ``torch.set_num_threads(2)``:
   ``generate()`` at batch 32 (same prompt length, ``do_sample=True``, temperature 1, ``top_k=0``,
-  ``min_new_tokens=max_new_tokens=256``) and a ``torch.optim.AdamW`` step at batch 32 x 384.
+  ``min_new_tokens=max_new_tokens``, 128 or 256) and a ``torch.optim.AdamW`` step at batch 32 x 384.
 * ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) once our workloads have been built,
   compiled and run once, before the peer is loaded (it includes the Python/JAX runtime itself).
 
@@ -75,7 +81,7 @@ from mgrpo_jax.sampling import NO_STOP, Sampler
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchSizes:
+class BenchSizes:  # the defaults: --full's sizes (DEFAULT is a cut of them)
     preset: str = "bench"
     decode_batches: tuple[int, ...] = (32, 64)
     prompt_len: int = 128
@@ -91,6 +97,11 @@ class BenchSizes:
     overrides: tuple[tuple[str, object], ...] = ()
 
 
+# The default: 2 rounds, 128 new tokens, decode at batch 32 only (a few minutes here); --full: BenchSizes(). The MoE
+# pair's default is one round: under load the peer's generate() slows most (its 2 OpenMP threads wait on each other).
+DEFAULT = BenchSizes(decode_batches=(32,), new_tokens=128, repeats=2)
+MOE_DEFAULT = dataclasses.replace(DEFAULT, repeats=1)
+FULL = BenchSizes()
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
                    train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
                    decode_devices=2, train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
@@ -394,9 +405,17 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
     return figures
 
 
+def choose_sizes(shape: str, *, quick: bool = False, full: bool = False) -> BenchSizes:
+    """The sizes a command runs (before its flags' overrides): --quick's, --full's, or the default for the shape."""
+    return QUICK if quick else FULL if full else MOE_DEFAULT if shape == "moe" else DEFAULT
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); for tests")
+    parser.add_argument("--full", action="store_true",
+                        help="the long version: 3 rounds, 256 new tokens, decode at batch 32 and 64; with "
+                             "--shape=moe, our dense shape after the MoE pair")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="dense",
                         help="dense: the bench shape; moe: bench-moe against HF Qwen3-MoE, then dense bench")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
@@ -409,7 +428,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--train-micro-batches", type=int, default=None,
                         help="micro-batches the train step accumulates over (1: the whole batch at once)")
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else BenchSizes()
+    if args.quick and args.full:
+        parser.error("--quick and --full: one or the other")
+    sizes = choose_sizes(args.shape, quick=args.quick, full=args.full)
     for field, value in (("repeats", args.repeats), ("decode_phases", args.decode_phases),
                          ("decode_devices", args.decode_devices),
                          ("train_micro_batches", args.train_micro_batches)):
@@ -427,10 +448,11 @@ def main(argv=None) -> dict:
                   hf=not args.no_hf)
     if dense_preset is not None:
         figures = {MOE_KEYS.get(k, f"moe_{k}"): v for k, v in figures.items()}
+        figures["shape"] = args.shape
+    if dense_preset is not None and (args.full or args.quick):
         dense = run(dataclasses.replace(sizes, preset=dense_preset, decode_devices=sizes.decode_devices or cores),
                     hf=False)
         figures.update({f"dense_{k}": v for k, v in dense.items() if not k.startswith("hf_")})
-        figures["shape"] = args.shape
     for k, v in figures.items():
         if isinstance(v, float):
             print(f"{k:>28s}: {v:,.4g}")

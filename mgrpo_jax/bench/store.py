@@ -1,7 +1,9 @@
 """Store benchmark (issue 6 part 5): the decoupled mode's per-step exchange through the shared store.
 
-    python -m mgrpo_jax.bench.store                      # paper sizes on file:// and the GCS emulator; share of
-                                                         # a local-preset step (measured by a short local run)
+    python -m mgrpo_jax.bench.store                      # paper sizes on file://; share of a local-preset step
+                                                         # (measured by a short local run): a few minutes
+    python -m mgrpo_jax.bench.store --full               # also the GCS emulator; the step measured as
+                                                         # bench.rollout --full measures it
     python -m mgrpo_jax.bench.store --metrics runs/xbench-local/metrics.jsonl   # step time from a run's metrics
     python -m mgrpo_jax.bench.store --step-s 3.2         # or a step time measured elsewhere
     python -m mgrpo_jax.bench.store --backends file --fifo-backends file   # file:// only (no emulator)
@@ -33,19 +35,21 @@ models write longer turns; ``record_bytes_*`` in the output gives the sizes used
 **Figures.** ``records_per_s``: objects that carried data (records, commit markers, claims, arrays; each
 counted once per write and once per read) / exchange time; ``mb_per_s``: their bytes (10^6) / exchange time.
 The headline figures are the synchronised exchange (the paper's mode; phases 1-5, 7, 8) at Q=32, K=8, D=8
-against the file store; ``gcs_emulator`` repeats it against `gcp-storage-emulator` started through
+against the file store; ``gcs_emulator`` (``--backends file,gs``, as ``--full`` runs) repeats it against
+`gcp-storage-emulator` (about 25 records/s: several minutes at these sizes) started through
 ``tests/store/emulator_launcher.py`` (a single-threaded Python server on 127.0.0.1: it measures the protocol
 path, not GCS latency); ``*_unsync`` figures add the FIFO phase.
 
 ``exchange_share`` = the synchronised exchange's time at the ``local`` preset's sizes against the file store
 (what two local jobs use) / the ``local`` preset's RL step time. The step time is, by default, measured as
-``bench.rollout`` measures its RL steps: a ``Trainer`` of the preset is warm-started as far as the preset's own
-runs are (``--warmstart-steps``, default its ``warmstart.min_steps``: 500 per agent for ``local``, so episodes
-have a real run's lengths), runs untimed RL steps until one compiles nothing new (at most
-``--max-warmup-steps``), then ``--rl-steps`` timed ones, and the median ``time/step_s`` is used (a few minutes
-on 2 cores). ``--metrics PATH`` takes the median ``time/step_s`` of a real run's ``metrics.jsonl`` instead (its
-first ``--skip-steps`` steps, which compile, left out), and ``--step-s`` a given value (e.g. ``bench.rollout``'s
-``step_s_excluding_compile``). The target is a share under 5 %.
+``bench.rollout`` measures its RL steps: a ``Trainer`` of the preset is warm-started ``--warmstart-steps`` (100)
+steps per agent (``preset``, as ``--full`` does: as far as the preset's own runs are, its ``warmstart.min_steps``,
+500 per agent for ``local``; either way episodes have a real run's lengths), runs untimed RL steps until
+``--quiet-steps`` (1; ``--full`` 2) in a row compile nothing new (at most ``--max-warmup-steps``, 4; ``--full``
+8), then ``--rl-steps`` (2; ``--full`` 3) timed ones, and the median ``time/step_s`` is used. ``--metrics PATH``
+takes the median ``time/step_s`` of a real run's ``metrics.jsonl`` instead (its first ``--skip-steps`` steps, which
+compile, left out), and ``--step-s`` a given value (e.g. ``bench.rollout``'s ``step_s_excluding_compile``). The
+target is a share under 5 %.
 
 Token ids are drawn from the payload world's vocabulary: the chat world's configured size, or the compact
 world's word model (whose size the world decides; ``local`` configures 0), which also counts the compact
@@ -75,7 +79,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mgrpo_jax.bench.common import emit
+from mgrpo_jax.bench.common import WARMSTART_STEPS, emit, parse_sized, warmstart_arg
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import build_environment, noise_config
 from mgrpo_jax.store import PollPolicy, Record, Store, StoreObserver, observe, open_store
@@ -94,6 +98,10 @@ TARGET_SHARE = 0.05
 QUICK = ["--sizes", "4,2,2", "--backends", "file", "--fifo-backends", "file", "--steps", "1", "--warmup", "1",
          "--share-steps", "1", "--step-preset", "smoke", "--warmstart-steps", "2", "--rl-steps", "1",
          "--max-warmup-steps", "1"]
+# --full: the long version (the defaults before issue 37): the GCS emulator too, the step measured as the preset's
+# runs are warm-started.
+FULL = ["--backends", "file,gs", "--fifo-backends", "file,memory", "--warmstart-steps", "preset", "--rl-steps", "3",
+        "--max-warmup-steps", "8", "--quiet-steps", "2"]
 
 
 # ------------------------------------------------------------------------------------------ metering
@@ -409,8 +417,8 @@ def step_time_from_metrics(path: str, skip: int) -> tuple[float, list[float]]:
     return statistics.median(times[skip:]), times[skip:]
 
 
-def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
-                      max_warmup_steps: int) -> tuple[float, list[float], str]:
+def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int, max_warmup_steps: int,
+                      quiet_steps: int = 2) -> tuple[float, list[float], str]:
     """Median ``time/step_s`` of a short colocated run of ``preset``, set up as ``bench.rollout`` sets up its own:
     warm-started as far as the preset's runs are, RL steps untimed until one compiles nothing new."""
     from mgrpo_jax.bench.rollout import ComputeTimer, prepare_config, warm_up
@@ -422,7 +430,7 @@ def measure_step_time(preset: str, warmstart_steps: int | None, rl_steps: int,
         trainer = Trainer(config, workdir)
         trainer.warm_start()
         with observe(ComputeTimer()) as timer:
-            warmup = warm_up(trainer, timer, 1, max_warmup_steps, label=f"{preset} untimed")
+            warmup = warm_up(trainer, timer, 1, max_warmup_steps, quiet_steps, label=f"{preset} untimed")
             times = []
             for _ in range(rl_steps):
                 metrics = trainer.rl_step()
@@ -452,10 +460,10 @@ def parse_args(argv=None):
     p.add_argument("--fifo-chunk", type=int, default=None, help="FIFO pop size (default: the paper preset's)")
     p.add_argument("--steps", type=int, default=2, help="timed exchange steps per store")
     p.add_argument("--warmup", type=int, default=1, help="untimed exchange steps first")
-    p.add_argument("--backends", default="file,gs", help="comma list of file, gs (the emulator), memory")
+    p.add_argument("--backends", default="file", help="comma list of file, gs (the emulator), memory")
     p.add_argument("--gs-steps", type=int, default=1,
                    help="timed exchange steps at --sizes on the emulator (no warm-up: it is slow at these sizes)")
-    p.add_argument("--fifo-backends", default="file,memory",
+    p.add_argument("--fifo-backends", default="file",
                    help="stores whose --sizes figures include the FIFO phase (*_unsync figures)")
     p.add_argument("--preset", default="local", help="the preset whose step the exchange is compared to")
     p.add_argument("--payload-preset", default="local", help="the world whose experts' text fills the records")
@@ -465,15 +473,14 @@ def parse_args(argv=None):
     p.add_argument("--step-s", type=float, default=None, help="the preset's RL step time, measured elsewhere")
     p.add_argument("--metrics", default=None, help="a run's metrics.jsonl to take the median time/step_s from")
     p.add_argument("--skip-steps", type=int, default=2, help="first steps of --metrics left out (compilation)")
-    p.add_argument("--warmstart-steps", type=int, default=None,
-                   help="warm start of the measuring run, per agent (default: the preset's warmstart.min_steps)")
-    p.add_argument("--rl-steps", type=int, default=3, help="timed RL steps of the measuring run")
-    p.add_argument("--max-warmup-steps", type=int, default=8,
-                   help="untimed RL steps of the measuring run at most (it stops at the first that compiles nothing)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds: " + " ".join(QUICK))
-    args = p.parse_args(argv)
-    # The quick sizes first, so flags given beside --quick still override them.
-    return p.parse_args([*QUICK, *(argv if argv is not None else sys.argv[1:])]) if args.quick else args
+    p.add_argument("--warmstart-steps", type=warmstart_arg, default=WARMSTART_STEPS,
+                   help=f"warm start of the measuring run, per agent ({WARMSTART_STEPS}; 'preset': the preset's "
+                        "warmstart.min_steps)")
+    p.add_argument("--rl-steps", type=int, default=2, help="timed RL steps of the measuring run")
+    p.add_argument("--max-warmup-steps", type=int, default=4, help="untimed RL steps of the measuring run at most")
+    p.add_argument("--quiet-steps", type=int, default=1,
+                   help="the measuring run's warm-up ends after this many steps in a row compiled nothing")
+    return parse_sized(p, argv, QUICK, FULL)
 
 
 def _store_url(backend: str, tmp: str, name: str, gs_base: str | None) -> str:
@@ -531,7 +538,7 @@ def main(argv=None) -> dict:
         source = f"median time/step_s of {args.metrics} (first {args.skip_steps} steps left out)"
     else:
         step_s, samples, source = measure_step_time(args.step_preset or args.preset, args.warmstart_steps,
-                                                    args.rl_steps, args.max_warmup_steps)
+                                                    args.rl_steps, args.max_warmup_steps, args.quiet_steps)
     figures.update({"step_s": step_s, "step_s_samples": samples, "step_s_source": source,
                     "step_preset": args.step_preset or args.preset})
 

@@ -34,3 +34,14 @@ def test_hf_peer_has_the_same_shape():
     assert (hf.vocab_size, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads,
             hf.num_key_value_heads, hf.head_dim, hf.intermediate_size) == (2048, 256, 4, 4, 2, 64, 1024)
     assert hf.tie_word_embeddings is False
+
+
+def test_the_default_is_a_cut_of_the_full_sizes():
+    dense, moe, full = bench.choose_sizes("dense"), bench.choose_sizes("moe"), bench.choose_sizes("dense", full=True)
+    assert full == bench.BenchSizes() and bench.choose_sizes("moe", full=True) == full
+    assert (dense.decode_batches, dense.new_tokens, dense.repeats) == ((32,), 128, 2)
+    assert (full.decode_batches, full.new_tokens, full.repeats) == ((32, 64), 256, 3)
+    assert moe.repeats == 1 and dataclasses.replace(moe, repeats=2) == dense  # one round for the MoE pair
+    # The train step is timed at the full size either way (its MFU and ratio are the figures of record).
+    assert (dense.train_batch, dense.train_seq) == (full.train_batch, full.train_seq) == (32, 384)
+    assert bench.choose_sizes("moe", quick=True) == bench.QUICK

@@ -1,5 +1,9 @@
 """The throughput benchmark's bookkeeping (no timing assertions; its quick mode runs in test_quick_modes.py)."""
 
+import statistics
+
+import pytest
+
 from mgrpo_jax.bench import rollout as bench
 from mgrpo_jax.sampling import observe
 from mgrpo_jax.sampling.observe import observed
@@ -53,3 +57,34 @@ def test_the_timer_observes_compiled_calls_by_kind():
         observed("train_step", lambda: programs[0], lambda: None)
     assert (timer.compiles, timer.calls) == (1, 4)
     assert set(timer.by_kind) == {"sampler", "train_step"}
+
+
+def test_the_default_is_a_cut_of_the_full_run_and_flags_beside_a_mode_still_apply():
+    default, full = bench.parse_args([]), bench.parse_args(["--full"])
+    assert (default.warmstart_steps, default.steps, default.long_episodes, default.long_context) == (100, 2, 8, 4096)
+    # --full: the preset's own warm start (None) and the paper-shaped long workload, as before issue 37.
+    assert (full.warmstart_steps, full.steps, full.max_warmup_steps, full.quiet_steps) == (None, 3, 8, 2)
+    assert (full.long_episodes, full.long_turns_max, full.long_context) == (24, 14, 8192)
+    assert full.local_warmstart_steps is None and full.local_repeats == 1
+    assert bench.parse_args(["--full", "--steps", "5", "--warmstart-steps", "preset"]).steps == 5
+    quick = bench.parse_args(["--quick", "--grpo-repeats", "2"])
+    assert (quick.preset, quick.warmstart_steps, quick.grpo_repeats) == ("smoke", 2, 2)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--quick", "--full"])
+
+
+def test_timed_runs_warm_up_until_nothing_compiles_then_take_the_median_of_the_timed_runs(monkeypatch):
+    programs, calls = [3], []
+    monkeypatch.setattr(bench, "compiled_programs", lambda: programs[0])
+
+    def run():
+        if not calls:  # the first warm-up compiles
+            programs[0] += 1
+        calls.append("run")
+        return len(calls)
+
+    seconds, result, info = bench.timed_runs(run, "test", reset=lambda: calls.append("reset"), repeats=3)
+    assert (info["warmup_runs"], info["compiles_in_timed_run"], len(info["run_s_samples"])) == (2, 0, 3)
+    assert seconds == statistics.median(info["run_s_samples"])
+    # Each timed run after a reset; the result is the last run's.
+    assert calls == ["run", "run", "reset", "run", "reset", "run", "reset", "run"] and result == len(calls)

@@ -44,3 +44,12 @@ def test_tiny_store_benchmark_emits_figures(tmp_path):
                                        "lag_wait", "gc"}
     assert result["fifo_measured"] and result["mb_per_step_unsync"] > result["mb_per_step"]
     assert result["deletes_per_step"] > 0  # gc of the previous step, key by key on GCS
+
+
+def test_the_default_is_file_only_and_full_adds_the_emulator_and_the_presets_warm_start():
+    from mgrpo_jax.bench import store
+
+    default, full = store.parse_args([]), store.parse_args(["--full"])
+    assert (default.backends, default.warmstart_steps, default.rl_steps, default.quiet_steps) == ("file", 100, 2, 1)
+    assert (full.backends, full.warmstart_steps, full.rl_steps, full.max_warmup_steps) == ("file,gs", None, 3, 8)
+    assert store.parse_args(["--full", "--backends", "file"]).backends == "file"
