@@ -518,14 +518,20 @@ class PagedSlots(DecodeSlots):
             args = (self.prev, self.pos, self.live, budgets, self.seeds, self.offsets, self.temperature, self.stops)
             args = [put(x, ("act_batch",) + (None,) * (x.ndim - 1)) for x in (table, *args)]
             *out, self.store = _pallas_jit(s.graphdef, s.state, self.store, *args, interpret=self.interpret, **static)
-        else:  # the slots in a turn, padded (id n, not live) to a power-of-two batch
+        else:  # the slots in a turn, padded (id n, not live) to a power-of-two batch smaller than the pool
             live = np.flatnonzero(self.live)
-            rows = np.full((bucket(len(live), pow2_buckets(1, self.n), s.batch_multiple),), self.n, np.int32)
-            rows[:len(live)] = live
+            size = bucket(len(live), pow2_buckets(1, self.n), s.batch_multiple)
+            if size < self.n:
+                rows = np.full((size,), self.n, np.int32)
+                rows[:len(live)] = live
+            else:  # every slot, in order
+                rows = np.arange(self.n, dtype=np.int32)
             window = self._window(int(np.max(self.pos[live] + np.minimum(budgets[live], self.chunk))),
                                   DECODE_WINDOW_BUCKETS)
-            table = self._table(rows, window // self.block_size, self.pool.n_blocks)
             taken = np.minimum(rows, self.n - 1)
+            # Rows not in a turn read nothing (their table is padding): they neither attend nor write.
+            table = self._table(np.where(self.live[taken] & (rows < self.n), rows, self.n),
+                                window // self.block_size, self.pool.n_blocks)
             per_row = [x[taken] for x in (self.cached, self.prev, self.pos, self.live, budgets, self.seeds,
                                            self.offsets, self.temperature, self.stops)]
             per_row[3] = per_row[3] & (rows < self.n)
