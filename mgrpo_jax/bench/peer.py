@@ -20,9 +20,10 @@ one id per character, end of turn outside the vocabulary so that no turn stops e
 exactly those contexts:
 
 * this engine (``mgrpo_jax.rollout.engine`` through ``bench.rollout.ScriptedRolloutEngine``): one agent with
-  ``--episodes`` decode slots, chunks of ``--chunk`` (16) steps, turns forced by the engine's ``turn_length`` hook,
-  the tool answering with the planned response; after the run every episode is checked segment by segment against
-  the rendered workload (same prompt ids, generated runs of exactly the forced lengths);
+  ``--episodes`` decode slots (contiguous caches; paged KV blocks of ``--kv-block-size`` tokens, where the episodes'
+  shared system prompt is prefilled once), chunks of ``--chunk`` (16) steps, turns forced by the engine's
+  ``turn_length`` hook, the tool answering with the planned response; after the run every episode is checked segment
+  by segment against the rendered workload (same prompt ids, generated runs of exactly the forced lengths);
 * vLLM's offline ``LLM`` API in a subprocess of its own virtualenv's python (``--vllm-python``; default
   ``$MGRPO_VLLM_PYTHON``, else ``.venv-vllm/bin/python``), which receives the workload as JSON and prints its
   timings as one JSON line: prefix caching on (as its users run it), each turn one ``LLM.generate`` over the live
@@ -277,7 +278,7 @@ def run_engine(args, p: Plan, work: TokenWorkload, model_dir: str, context_budge
     episodes = len(p.turns)
     runtime = AgentRuntime("single", sampler, p.system, {"respond": script.respond},
                            max_turns=max(len(t) for t in p.turns), context_tokens=context_budget, tokenizer=tokenizer,
-                           slots=episodes, decode_chunk=args.chunk)
+                           slots=episodes, decode_chunk=args.chunk, kv_block_size=args.kv_block_size)
     limits = RolloutLimits(max_turn_tokens=max(max(t) for t in p.turns), temperature=args.temperature)
     engine = ScriptedRolloutEngine(tokenizer, runtime, None, limits, scripts={"single": script})
     questions = [types.SimpleNamespace(text=q) for q in p.questions]
@@ -290,6 +291,7 @@ def run_engine(args, p: Plan, work: TokenWorkload, model_dir: str, context_budge
     return {"run_s": seconds, "load_s": load_s, "warmup_s": warmup_s, "warmup_runs": info["warmup_runs"],
             "compiles_in_timed_run": info["compiles_in_timed_run"], "generated_per_episode": generated,
             "slots": episodes, "chunk": args.chunk, "context_budget": context_budget,
+            "kv_block_size": args.kv_block_size,
             "prefill_tokens": int(stats.get("prefill_tokens", 0) + stats.get("fed_tokens", 0)),
             "backend": jax.default_backend(), "jax_version": jax.__version__}
 
@@ -428,6 +430,9 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="the workload's, the weights' and the sampling's")
     p.add_argument("--chunk", type=int, default=16, help="this engine's decode steps per round")
+    p.add_argument("--kv-block-size", type=int, default=0,
+                   help="this engine's paged KV blocks (0: contiguous decode slots; 64: the shared system prompt is "
+                        "prefilled once, mgrpo_jax/sampling/paged.py)")
     p.add_argument("--max-warmup-runs", type=int, default=3, help="this engine's untimed passes, at most")
     p.add_argument("--vllm-logprobs", action="store_true", help="vLLM returns each sampled token's log-prob too")
     p.add_argument("--vllm-bind", default="auto",

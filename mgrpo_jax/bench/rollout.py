@@ -58,7 +58,8 @@ batch assembly).
 **The rollout engines** (issue 28), ``--workload=long``: the decode-slot engine (``mgrpo_jax.rollout.engine``) and
 the lock-step engine it replaced (``mgrpo_jax.rollout.lockstep``, the tests' oracle) on the same workloads in this
 process, each warmed up until a run compiles nothing (``warmup_runs``; ``compiles_in_timed_runs`` says the timed
-runs compiled nothing), then timed runs each (one on the long workload, ``--local-repeats`` on the compact one):
+runs compiled nothing), then pairs of timed runs, one of each engine back to back (one pair on the long workload,
+``--local-repeats`` on the compact one):
 
 * the long scripted workload, paper-shaped, on a random-weights model (``--long-model`` with ``--long-overrides``;
   one agent): ``--long-episodes`` (8; ``--full`` 24) episodes of 4-6 tool turns (``--long-turns-min/max``; 9-14)
@@ -80,8 +81,8 @@ and decode steps, per token the episodes' turns had to see: each episode up to i
 floor, ``lockstep_prefill_tokens_per_context_token`` the same count for the lock-step engine's prompts),
 ``slot_utilisation`` (sampled tokens / (rows decoded x decode steps run)), ``episodes_per_s`` and
 ``lockstep_episodes_per_s`` (episodes of a timed run / its wall time, the median; ``run_s_samples`` each run's),
-``engine_speedup`` (lock-step time / slot time), ``context_tokens_mean`` / ``_min`` (final episode lengths),
-``evictions`` (episodes that gave their slot up).
+``engine_speedup`` (lock-step time / slot time, the median over the pairs), ``context_tokens_mean`` / ``_min``
+(final episode lengths), ``evictions`` (episodes that gave their slot up).
 
 ``--quick``: the ``smoke`` preset (2-step warm start, 1 timed step after 1 quiet warm-up step, at most 2) and a tiny
 GRPO shape (1 layer, vocab 256, 2 x 2 rows of 8 + 8 tokens): the code paths in seconds, every key printed; with
@@ -557,11 +558,8 @@ def compiled_programs() -> int:
     return sampler_module.compiled_programs() + slots_module.compiled_programs()
 
 
-def timed_runs(run, label: str, reset=None, least: int = 1, most: int = 4,
-               repeats: int = 1) -> tuple[float, object, dict]:
-    """Untimed runs until one compiles nothing (at least `least`, at most `most`), then `repeats` timed runs, each
-    after `reset()`: (the median seconds, the last run's result, {warmup_runs, compiles_in_timed_run,
-    run_s_samples})."""
+def warm_runs(run, label: str, least: int = 1, most: int = 4) -> int:
+    """Untimed runs until one compiles nothing (at least `least`, at most `most`); returns how many ran."""
     runs = 0
     while runs < most:
         before, start = compiled_programs(), time.perf_counter()
@@ -572,14 +570,29 @@ def timed_runs(run, label: str, reset=None, least: int = 1, most: int = 4,
               f"{'nothing compiled' if settled else 'compiled'}", flush=True)
         if runs >= least and settled:
             break
+    return runs
+
+
+def timed(run, label: str, reset=None) -> tuple[float, object]:
+    """One timed run after `reset()`: (seconds, its result)."""
+    if reset is not None:
+        reset()
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
+    print(f"{label} timed run: {seconds:.3f} s", flush=True)
+    return seconds, result
+
+
+def timed_runs(run, label: str, reset=None, least: int = 1, most: int = 4,
+               repeats: int = 1) -> tuple[float, object, dict]:
+    """Untimed runs until one compiles nothing (`warm_runs`), then `repeats` timed runs, each after `reset()`: (the
+    median seconds, the last run's result, {warmup_runs, compiles_in_timed_run, run_s_samples})."""
+    runs = warm_runs(run, label, least, most)
     before, samples, result = compiled_programs(), [], None
     for _ in range(max(1, repeats)):
-        if reset is not None:
-            reset()
-        start = time.perf_counter()
-        result = run()
-        samples.append(time.perf_counter() - start)
-        print(f"{label} timed run: {samples[-1]:.3f} s", flush=True)
+        seconds, result = timed(run, label, reset)
+        samples.append(seconds)
     info = {"warmup_runs": runs, "compiles_in_timed_run": compiled_programs() - before, "run_s_samples": samples}
     return statistics.median(samples), result, info
 
@@ -591,16 +604,26 @@ def needed_context(episodes) -> int:
 
 
 def compare_engines(engine, oracle, run, counters, repeats: int = 1) -> dict:
-    """Both engines on the same workload in this process, compile time excluded, each timed `repeats` times (the
-    median): `run(engine)` returns its batch; `counters`: the oracle's `CountingSampler`s."""
-    seconds, batch, info = timed_runs(lambda: run(engine), "slots", repeats=repeats)
-    stats = dict(engine.slot_stats)
+    """Both engines on the same workload in this process, compile time excluded: each warmed up until a run compiles
+    nothing, then `repeats` pairs of timed runs, one of each engine back to back (so load that drifts hits both
+    alike); times are medians, `engine_speedup` the median of the pairs' ratios. `run(engine)` returns its batch;
+    `counters`: the oracle's `CountingSampler`s (reset before each of its runs)."""
 
     def reset():
         for counter in counters:
             counter.prompt_tokens = counter.sampled_tokens = 0
 
-    lock_seconds, lock_batch, lock_info = timed_runs(lambda: run(oracle), "lock-step", reset, repeats=repeats)
+    warmup = warm_runs(lambda: run(engine), "slots")
+    lock_warmup = warm_runs(lambda: run(oracle), "lock-step")
+    before, samples, lock_samples = compiled_programs(), [], []
+    for _ in range(max(1, repeats)):
+        seconds, batch = timed(lambda: run(engine), "slots")
+        stats = dict(engine.slot_stats)
+        lock_seconds, lock_batch = timed(lambda: run(oracle), "lock-step", reset)
+        samples.append(seconds)
+        lock_samples.append(lock_seconds)
+    compiles = compiled_programs() - before
+    seconds, lock_seconds = statistics.median(samples), statistics.median(lock_samples)
     episodes = list(batch.episodes())
     context, lock_context = needed_context(episodes), needed_context(lock_batch.episodes())
     lock_processed = sum(c.prompt_tokens + c.sampled_tokens for c in counters)
@@ -614,11 +637,11 @@ def compare_engines(engine, oracle, run, counters, repeats: int = 1) -> dict:
         "slot_utilisation": total["sampled_tokens"] / max(1, total["slot_steps"]),
         "episodes_per_s": len(episodes) / seconds,
         "lockstep_episodes_per_s": sum(1 for _ in lock_batch.episodes()) / lock_seconds,
-        "engine_speedup": lock_seconds / seconds,
+        "engine_speedup": statistics.median(lock / slot for slot, lock in zip(samples, lock_samples, strict=True)),
         "run_s": seconds,
         "lockstep_run_s": lock_seconds,
-        "run_s_samples": info["run_s_samples"],
-        "lockstep_run_s_samples": lock_info["run_s_samples"],
+        "run_s_samples": samples,
+        "lockstep_run_s_samples": lock_samples,
         "episodes": len(episodes),
         "generated_tokens": sum(e.generated_tokens for e in episodes),
         "lockstep_generated_tokens": sum(e.generated_tokens for e in lock_batch.episodes()),
@@ -628,9 +651,9 @@ def compare_engines(engine, oracle, run, counters, repeats: int = 1) -> dict:
         "slots": {name: s["slots"] for name, s in stats.items()},
         "chunks": total["chunks"],
         "evictions": total["evictions"],
-        "warmup_runs": info["warmup_runs"],
-        "lockstep_warmup_runs": lock_info["warmup_runs"],
-        "compiles_in_timed_runs": info["compiles_in_timed_run"] + lock_info["compiles_in_timed_run"],
+        "warmup_runs": warmup,
+        "lockstep_warmup_runs": lock_warmup,
+        "compiles_in_timed_runs": compiles,
     }
 
 
