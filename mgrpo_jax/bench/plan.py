@@ -338,7 +338,7 @@ class EpisodeLengths:
     `turn_tokens` (up to the plan's tokens per turn), each tool response adds a log-uniform number in
     `response_tokens`, each turn and response `overhead` tokens of headers and tags; capped at the context.
 
-    The paper gives no lengths (its text has no tables; paper-notes.md), so the default is a stated assumption: the
+    The paper gives no lengths (no tables; the paper notes), so the default is a stated assumption: the
     shape of `bench.rollout --workload=long`'s paper-shaped episodes (9-14 tool turns, responses of 100-1,000 tokens,
     turns log-uniform from 16 tokens) with the `paper` preset's limits (the released code's: 1,024 new tokens per
     turn, a 32,768-token context) and a 1,024-token prompt (system prompt with the tools' descriptions, and the

@@ -128,7 +128,7 @@ def ppo_clip_loss(
 
     Per token, with ratio r and advantage A: loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and with
     `dual_clip` = c (> 1) a token with A < 0 takes min(that, -c A): its loss is capped at c |A| however large r
-    grows. That is verl's `compute_policy_loss` (verl/trainer/ppo/core_algos.py) with `clip_ratio_c` = c (MATPO
+    grows. That is verl's `compute_policy_loss` (verl.trainer.ppo.core_algos) with `clip_ratio_c` = c (MATPO
     runs it at 3.0); the metrics then add `dual_clip_frac`, the share of trained tokens the cap binds on (verl's
     `pg_clipfrac_lower`). With `dual_clip=None` the program is the plain clipped surrogate's.
 

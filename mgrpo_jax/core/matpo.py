@@ -16,14 +16,14 @@ MATPO trains the planner and the worker roles inside one model, and credits the 
 
 Each choice follows a file of MATPO's public code (github.com/mzf666/MATPO, a verl fork; read at its commit
 3c41d62):
-  - the reward and its format term: `verl/workers/reward_manager/subagent_tool.py`
+  - the reward and its format term: `verl.workers.reward_manager.subagent_tool`
     (`SubagentToolRewardManager._call_include_subagent_tool`: `tool_format_reward = 0.5 * (main + mean(subagent
     formats) if any else 0.0)`; a batch with no sub-agent rollout at all goes to `_call_only_main_agent`, which
     adds the planner's format alone), with the weights 0.9 / 0.1 and `gate_tool_format_reward: False` of
     `examples/sglang_multiturn/config/simpleqa_multiturn_rm_batch_grpo_agent.yaml`;
-  - the advantages: `verl/trainer/ppo/ray_trainer.py` computes them on the planner rollouts only
+  - the advantages: `verl.trainer.ppo.ray_trainer` computes them on the planner rollouts only
     (`extract_main_agent_rollouts`) and copies each to its workers (`broadcast_advantage_return_tensor_by_reqs_ids`);
-    `verl/trainer/ppo/core_algos.py` (`compute_grpo_outcome_advantage`) divides by `torch.std`, the sample std;
+    `verl.trainer.ppo.core_algos` (`compute_grpo_outcome_advantage`) divides by `torch.std`, the sample std;
   - the loss (the `matpo` mode's default, `mgrpo_jax.config.MATPO_LOSS_HPARAMS`, applied under
     `loss_recipe="mode"`): `core_algos.py` (`compute_policy_loss`: clip 0.2 / 0.2 and the dual clip at
     `clip_ratio_c` 3.0 on negative advantages, our grpo loss's `dual_clip`; `agg_loss`: token mean) with the values
@@ -32,7 +32,7 @@ Each choice follows a file of MATPO's public code (github.com/mzf666/MATPO, a ve
 Left as they are here (differences below float32 noise or outside what this world reaches): verl divides by
 `std + 1e-6` where the estimator here divides by `max(std, 1e-6)` (a relative 1e-6); verl gives a group of one
 rollout its raw score (K >= 2 in every preset); verl's dynamic micro-batches take a token mean per micro-batch
-weighted by its rows (`verl/workers/actor/dp_actor.py`), where the step here takes one exact mean over the batch.
+weighted by its rows (`verl.workers.actor.dp_actor`), where the step here takes one exact mean over the batch.
 
 The shared model's recipe (docs/matpo.md): mode `matpo` runs MATPO's full recipe by default, this credit with
 `MATPO_LOSS_HPARAMS` (`loss_recipe="mode"`); `loss_recipe="default"` keeps the agents' own loss settings (the grpo
