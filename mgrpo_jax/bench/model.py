@@ -3,11 +3,12 @@
     python -m mgrpo_jax.bench.model            # the fixed 'bench' shape (issue 3 part 6)
     python -m mgrpo_jax.bench.model --quick    # tiny sizes, seconds (what the test runs)
     python -m mgrpo_jax.bench.model --shape=moe  # the mixture-of-experts shape 'bench-moe' vs HF Qwen3-MoE
-    python -m mgrpo_jax.bench.model --full     # the long version: 3 rounds, 256 new tokens, decode at batch 64 too
+    python -m mgrpo_jax.bench.model --full     # the long version: 3 rounds, decode at batch 64 too
 
-The default runs in a few minutes on 2 cores (docs/benchmarks.md has the wall times): 2 rounds (``--shape=moe``:
-one), decode of 128 new tokens at batch 32; ``--full`` (``FULL``, the default before issue 37) times 3 rounds, 256
-new tokens, batch 32 and 64, and with ``--shape=moe`` also our dense shape.
+The default runs in a few minutes on 2 cores (docs/benchmarks.md has the wall times): the workloads of the figures
+of record at their sizes, in 2 rounds, decode at batch 32 only (``--shape=moe``: one round, 128 new tokens); ``--full``
+(``FULL``, the default before issue 37) times 3 rounds, 256 new tokens, decode at batch 32 and 64, and with
+``--shape=moe`` also our dense shape.
 
 Shape: Qwen-3 style, vocab 2048, d_model 256, 4 layers, 4 query / 2 KV heads, head_dim 64, MLP 1024, f32.
 ``--shape=moe``: the same with every MLP a mixture of 8 SwiGLU experts of width 512, 2 per token (the preset
@@ -23,8 +24,8 @@ every workload once, back to back, in the order: matmul peak, our decode at batc
 more at the end). Figures are medians over rounds; ``decode_vs_hf`` / ``train_vs_hf`` are medians of the
 per-round ratios, so load from other processes that drifts during the run hits both sides alike.
 
-* ``decode``: ``Sampler.generate`` at batch 32 (and 64 with ``--full``), prompt 128 random ids, 128 new tokens
-  (256 with ``--full``), temperature 1, no top-k/top-p, no stop tokens (every row generates all of them).
+* ``decode``: ``Sampler.generate`` at batch 32 (and 64 with ``--full``), prompt 128 random ids, 256 new tokens (128
+  in the MoE default), temperature 1, no top-k/top-p, no stop tokens (every row generates all of them).
   tokens/s = batch * new tokens / wall time of the whole call (prefill included, as in HF ``generate()``);
   ``decode_tokens_per_s`` is batch 32. The
   sampler runs with ``decode_phases`` (``--decode-phases``, default 8): the decode loop in that many
@@ -49,7 +50,7 @@ per-round ratios, so load from other processes that drifts during the run hits b
   this run; taking the best keeps the ratio conservative when other work slows some of the timings.
 * the peer: ``transformers`` ``Qwen3ForCausalLM`` of the same shape, float32, ``torch.set_num_threads(2)``:
   ``generate()`` at batch 32 (same prompt length, ``do_sample=True``, temperature 1, ``top_k=0``,
-  ``min_new_tokens=max_new_tokens``, 128 or 256) and a ``torch.optim.AdamW`` step at batch 32 x 384.
+  ``min_new_tokens=max_new_tokens``) and a ``torch.optim.AdamW`` step at batch 32 x 384.
 * ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) once our workloads have been built,
   compiled and run once, before the peer is loaded (it includes the Python/JAX runtime itself).
 
@@ -97,10 +98,11 @@ class BenchSizes:  # the defaults: --full's sizes (DEFAULT is a cut of them)
     overrides: tuple[tuple[str, object], ...] = ()
 
 
-# The default: 2 rounds, 128 new tokens, decode at batch 32 only (a few minutes here); --full: BenchSizes(). The MoE
-# pair's default is one round: under load the peer's generate() slows most (its 2 OpenMP threads wait on each other).
-DEFAULT = BenchSizes(decode_batches=(32,), new_tokens=128, repeats=2)
-MOE_DEFAULT = dataclasses.replace(DEFAULT, repeats=1)
+# The default: the figures of record's sizes, 2 rounds, decode at batch 32 only (a few minutes here); --full:
+# BenchSizes(). The MoE pair's default is one round of 128 new tokens: beside other work the peer's MoE generate()
+# slows most (23x beside one training job: its 2 OpenMP threads wait on each other), 107 s a round at 256 tokens.
+DEFAULT = BenchSizes(decode_batches=(32,), repeats=2)
+MOE_DEFAULT = dataclasses.replace(DEFAULT, repeats=1, new_tokens=128)
 FULL = BenchSizes()
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
                    train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
@@ -414,8 +416,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); for tests")
     parser.add_argument("--full", action="store_true",
-                        help="the long version: 3 rounds, 256 new tokens, decode at batch 32 and 64; with "
-                             "--shape=moe, our dense shape after the MoE pair")
+                        help="the long version: 3 rounds, decode at batch 32 and 64; with --shape=moe, our dense "
+                             "shape after the MoE pair")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="dense",
                         help="dense: the bench shape; moe: bench-moe against HF Qwen3-MoE, then dense bench")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")

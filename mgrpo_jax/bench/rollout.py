@@ -62,11 +62,11 @@ runs compiled nothing), then pairs of timed runs, one of each engine back to bac
 ``--local-repeats`` on the compact one):
 
 * the long scripted workload, paper-shaped, on a random-weights model (``--long-model`` with ``--long-overrides``;
-  one agent): ``--long-episodes`` (8; ``--full`` 24) episodes of 4-6 tool turns (``--long-turns-min/max``; 9-14)
+  one agent): ``--long-episodes`` (8; ``--full`` 24) episodes of 3-5 tool turns (``--long-turns-min/max``; 9-14)
   then an answer, each turn sampling a log-uniform 16 to ``--long-max-turn`` (256; 512, the ``max_turn_tokens``)
-  tokens, each tool response a log-uniform 100-500 tokens (``--long-response-min/max``; 100-1,000: a page or a list
-  of results), in a context budget of ``--long-context`` (4,096; 8,192) tokens: contexts of 1.3k-2.3k tokens (4k-8k
-  with ``--full``, the paper's shape). Turn and response lengths are drawn from the
+  tokens, each tool response a log-uniform 100-400 tokens (``--long-response-min/max``; 100-1,000: a page or a list
+  of results), in a context budget of ``--long-context`` (2,048; 8,192) tokens: contexts of about 1k-2k tokens
+  (4k-8k with ``--full``, the paper's shape). Turn and response lengths are drawn from the
   episode and the turn (``LongScript``, which ``ScriptedTurns`` adds to both engines), and forced through per-row
   budgets: the tokenizer's end-of-turn id lies outside the model's vocabulary, so no turn stops early and both
   engines run the same token counts. The slot engine has ``--long-slots`` (4; 6) slots and decodes
@@ -738,12 +738,12 @@ def parse_args(argv=None):
     p.add_argument("--long-episodes", type=int, default=8)
     p.add_argument("--long-slots", type=int, default=4, help="decode slots of the new engine on the long workload")
     p.add_argument("--long-chunk", type=int, default=16, help="decode steps per round on the long workload")
-    p.add_argument("--long-turns-min", type=int, default=4)
-    p.add_argument("--long-turns-max", type=int, default=6)
+    p.add_argument("--long-turns-min", type=int, default=3)
+    p.add_argument("--long-turns-max", type=int, default=5)
     p.add_argument("--long-max-turn", type=int, default=256, help="max_turn_tokens of the long workload")
     p.add_argument("--long-response-min", type=int, default=100, help="tool response tokens, least")
-    p.add_argument("--long-response-max", type=int, default=500, help="tool response tokens, most")
-    p.add_argument("--long-context", type=int, default=4096, help="context budget of the long workload's agent")
+    p.add_argument("--long-response-max", type=int, default=400, help="tool response tokens, most")
+    p.add_argument("--long-context", type=int, default=2048, help="context budget of the long workload's agent")
     p.add_argument("--long-model", default="tiny")
     # attn_chunk: the lock-step engine's prefill of 24 rows x 8,192 tokens would hold 30+ GB of attention scores
     p.add_argument("--long-overrides", default="d_model=64,n_layers=2,n_heads=2,n_kv_heads=1,head_dim=16,mlp_dim=256,"

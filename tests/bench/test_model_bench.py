@@ -39,9 +39,10 @@ def test_hf_peer_has_the_same_shape():
 def test_the_default_is_a_cut_of_the_full_sizes():
     dense, moe, full = bench.choose_sizes("dense"), bench.choose_sizes("moe"), bench.choose_sizes("dense", full=True)
     assert full == bench.BenchSizes() and bench.choose_sizes("moe", full=True) == full
-    assert (dense.decode_batches, dense.new_tokens, dense.repeats) == ((32,), 128, 2)
-    assert (full.decode_batches, full.new_tokens, full.repeats) == ((32, 64), 256, 3)
-    assert moe.repeats == 1 and dataclasses.replace(moe, repeats=2) == dense  # one round for the MoE pair
-    # The train step is timed at the full size either way (its MFU and ratio are the figures of record).
-    assert (dense.train_batch, dense.train_seq) == (full.train_batch, full.train_seq) == (32, 384)
+    assert (dense.decode_batches, dense.repeats, full.decode_batches, full.repeats) == ((32,), 2, (32, 64), 3)
+    assert dataclasses.replace(moe, repeats=2, new_tokens=256) == dense  # the MoE pair: one round of 128 tokens
+    assert (moe.repeats, moe.new_tokens) == (1, 128)
+    # Fewer rounds and shapes, the same workloads: the default checks the figures of record (decode at batch 32, the
+    # train step) at their sizes.
+    assert dataclasses.replace(dense, decode_batches=full.decode_batches, repeats=full.repeats) == full
     assert bench.choose_sizes("moe", quick=True) == bench.QUICK
