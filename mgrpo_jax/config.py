@@ -62,6 +62,7 @@ ROLE_WEIGHTINGS = ("per_role", "pooled")
 PRESETS = tuple(presets.PRESETS)
 PAGED_ATTENTIONS = ("gather", "pallas")  # rollout.paged_attention (mgrpo_jax/sampling/paged.py: ATTENTIONS)
 BENCHMARKS = ("xbench", "gaia", "webwalker")
+SEARCH_ORDERS = ("per_twin", "world")  # env.compact.search_order (mgrpo_jax/env/compact/world.py: SEARCH_ORDERS)
 DECAYS = ("cosine", "linear", "constant")  # learning-rate schedules after the warm-up (mgrpo_jax/agent/optim.py)
 
 
@@ -131,7 +132,8 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # world of pages; pretrained checkpoints) or `compact` (one token per tag, argument and value; the compact world
     # of mgrpo_jax/env/compact, which agents under 1M parameters learn on a CPU).
     c.env.grammar = "chat"
-    c.env.compact = ml_collections.ConfigDict({"n_names": 160, "n_orgs": 40, "n_countries": 10, "search_results": 3})
+    c.env.compact = ml_collections.ConfigDict({"n_names": 160, "n_orgs": 40, "n_countries": 10, "search_results": 3,
+                                               "search_order": "per_twin"})
     # The compact experts' mistakes (mgrpo_jax/env/compact/experts.py CompactNoise). Decided from the design, never
     # tuned on evaluation numbers: at rate 0.7 a mistake is the greedy majority action (a clone copies it) while 3 in
     # 10 sampled actions are the one-token fix; on about half of the relevant fact types, so clones are right on the
@@ -608,7 +610,10 @@ def validate(config, job: str | None = None) -> None:
     for section, low, high in (("sizes", 0, None), ("compact", 1, None), ("compact_noise", 0, 1)):
         values = p.get(f"env.{section}")
         for key in () if values is _MISSING else values.keys():
-            p.number(f"env.{section}.{key}", low, high)
+            if (section, key) == ("compact", "search_order"):
+                p.choice("env.compact.search_order", SEARCH_ORDERS)
+            else:
+                p.number(f"env.{section}.{key}", low, high)
     _check_services(p)
     p.number("tokenizer.vocab_size", 0)
 

@@ -1,16 +1,19 @@
 """The compact world, grammar, tokenizer and experts (mgrpo_jax/env/compact)."""
 
 import collections
+import dataclasses
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mgrpo_jax import config
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import noise_config
 from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
 from mgrpo_jax.env.compact.questions import pose_in, quotas
+from mgrpo_jax.env.compact import world as world_module
 from mgrpo_jax.env.compact.world import FACTS, generate_compact_world
 from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
@@ -147,6 +150,35 @@ def test_twins_stand_in_for_the_world_and_restore_it(env):
     assert env.judge.score(task, truth) == 1.0 and tools["search"]({"query": task}, {}) == env.world.search(task)
     with pytest.raises(ValueError, match="twin 65"):
         env.twins.twin(65)
+
+
+def _orders(world, queries):
+    return [[(name, kind) for _, name, kind in zip(*[iter(world.search(q).split())] * 3, strict=True)]
+            for q in queries]
+
+
+def test_each_twin_lists_a_querys_results_in_an_order_of_its_own_unless_told_to_keep_the_worlds(env):
+    queries = [f"{fact} {name}" for fact in ("born_in", "age", "mayor", "staff") for name in
+               sorted(env.world.by_name)[:25]]
+    world, twins = _orders(env.world, queries), [_orders(generate_compact_world(0, counterfactual=k), queries)
+                                                 for k in (1, 2)]
+    for twin in twins:  # the same namesakes (a twin keeps the entities), in another order for many queries
+        assert sum(r != w for r, w in zip(twin, world, strict=True)) > len(queries) // 3
+        assert all({(n, k) for n, k in r if n == q.split()[1]} == {(n, k) for n, k in w if n == q.split()[1]}
+                   for q, r, w in zip(queries, twin, world, strict=True))
+    assert twins[0] != twins[1]
+    assert _orders(generate_compact_world(0, counterfactual=1), queries) == twins[0]  # seeded
+    kept = dataclasses.replace(env.world.config, search_order="world")
+    assert _orders(generate_compact_world(0, kept, counterfactual=1), queries) == world
+    assert _orders(generate_compact_world(0, kept), queries) == world  # the world itself never changes
+    with pytest.raises(ValueError, match="env.compact.search_order 'random'"):
+        generate_compact_world(0, dataclasses.replace(kept, search_order="random"))
+    assert config.SEARCH_ORDERS == world_module.SEARCH_ORDERS  # the config validates the world's own choices
+    local = get_config("xbench", "local")
+    assert local.env.compact.search_order == "per_twin"
+    local.env.compact.search_order = "shuffled"
+    with pytest.raises(ValueError, match=r"env.compact.search_order.*shuffled"):
+        config.validate(local)
 
 
 def test_search_open_and_calc(env):

@@ -15,7 +15,8 @@ Tools (each answers one line; `session` is the episode's own scratch space, whic
 results so that `open r2` means the second result of *this* episode's last search):
 
     search(query="born_in Varn") -> "r1 Varn city r2 Varn person r3 Kelt person"   (namesakes + a distractor,
-                                                                                     in a seeded order per query)
+                                                                                     in a seeded order per query,
+                                                                                     another in each twin)
     visit(url="r2")              -> "born_in Drur works_for Lorm age 31"            (the entity's facts)
     reason(problem="max 31 17")  -> "31"                                            (max / min of two numbers)
 
@@ -64,6 +65,14 @@ class CompactWorldConfig:
     n_orgs: int = 40  # organisations, named after the first n_orgs names of a seeded order
     n_countries: int = 10
     search_results: int = 3  # namesakes first, then distractors of the fact's domain kind
+    # "per_twin": each counterfactual twin lists a query's results (and draws its distractors) in an order of its
+    # own, the world in its order; "world": every twin in the world's order. With one order a sub-agent can learn
+    # which handle to open for a query it practised in twins, and the texts it trained on are those queries.
+    search_order: str = "per_twin"
+
+
+SEARCH_ORDERS = ("per_twin", "world")
+
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,15 @@ class CompactWorld:
     entities: tuple[Entity, ...]
     facts: Mapping[tuple[int, str], str]  # (entity id, fact) -> value word (a name or a number)
     values: Mapping[tuple[int, str], int | None]  # (entity id, fact) -> the value's entity id (None: a number)
+    counterfactual: int = 0  # 0: the world; k > 0: its twin k
+
+    @property
+    def order_key(self) -> tuple:
+        """What a search's seeded order hashes besides the query: the world's seed, and the twin's index where
+        each twin orders its own results."""
+        if self.counterfactual and self.config.search_order == "per_twin":
+            return self.seed, "twin", self.counterfactual
+        return (self.seed,)
 
     @cached_property
     def by_name(self) -> dict[str, tuple[Entity, ...]]:
@@ -121,9 +139,9 @@ class CompactWorld:
         results = list(self.by_name.get(name, ()))
         domain = self.of_kind(FACTS[fact][0])
         others = sorted((e for e in domain if e.name != name),
-                        key=lambda e: unit_hash(self.seed, "distract", query, e.id))
+                        key=lambda e: unit_hash(*self.order_key, "distract", query, e.id))
         results += others[: max(0, self.config.search_results - len(results))]
-        results.sort(key=lambda e: unit_hash(self.seed, "order", query, e.id))
+        results.sort(key=lambda e: unit_hash(*self.order_key, "order", query, e.id))
         if session is not None:
             session["results"] = [e.id for e in results]
         return " ".join(f"{handle} {e.name} {e.kind}" for handle, e in zip(HANDLES, results, strict=False))
@@ -212,6 +230,8 @@ def generate_compact_world(seed: int = 0, config: CompactWorldConfig | None = No
     (`warmstart.counterfactual_share`) cannot be answered from a memory of the world's facts, only by reading
     the tools, which is what a held-out question asks of an agent."""
     config = config or CompactWorldConfig()
+    if config.search_order not in SEARCH_ORDERS:
+        raise ValueError(f"env.compact.search_order {config.search_order!r} is not one of {SEARCH_ORDERS}")
     rng = random.Random(seed)
     pool = _names(rng, config.n_names + config.n_countries)
     rng.shuffle(pool)
@@ -235,4 +255,4 @@ def generate_compact_world(seed: int = 0, config: CompactWorldConfig | None = No
             # Never the entity's own namesake: "mayor Varn" answering Varn would be a free copy.
             target = rng.choice([e for e in by_kind[value_kind] if e.name != entity.name])
             facts[(entity.id, fact)], values[(entity.id, fact)] = target.name, target.id
-    return CompactWorld(seed, config, tuple(entities), facts, values)
+    return CompactWorld(seed, config, tuple(entities), facts, values, counterfactual)
