@@ -34,6 +34,13 @@ class UsageError(ValueError):
     The message is complete on its own: it names the input and says what is wrong."""
 
 
+def not_a_second_ctrl_c(record: logging.LogRecord) -> bool:
+    """Drops a record that logs a KeyboardInterrupt as a failure: a second Ctrl-C is the user's stop, which the
+    run reports itself ("stopped at once"). It can arrive while a library waits (Orbax's save finalisation), and the
+    library logs it with a traceback before passing it on."""
+    return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
 def log_to_screen(level: int) -> logging.Handler:
     """One handler on stderr, in run.log's format, in place of absl's (app.run installs it, with another
     format): the screen shows one format, and the progress bars print records above them in it. Libraries'
@@ -47,6 +54,7 @@ def log_to_screen(level: int) -> logging.Handler:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(level)
     handler.setFormatter(logging.Formatter(files.LOG_FORMAT))
+    handler.addFilter(not_a_second_ctrl_c)
     root.addHandler(handler)
     root.setLevel(level)
     return handler
@@ -157,6 +165,7 @@ def log_to_file(workdir: str, job: str = "colocated") -> str | None:
     Returns its path."""
     folder = files.as_path(workdir) / job if job in ("main", "sub") else files.as_path(workdir)
     handler = files.LogFileHandler(folder / LOG_FILE, level=logging.INFO)  # not the libraries' DEBUG records
+    handler.addFilter(not_a_second_ctrl_c)
     logging.getLogger().addHandler(handler)
     return handler.baseFilename
 

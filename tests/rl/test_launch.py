@@ -310,6 +310,31 @@ def test_ctrl_c_checkpoints_and_exits_75_and_a_rerun_of_the_finished_run_changes
 
 
 @pytest.mark.slow
+def test_a_library_logging_the_second_ctrl_c_as_its_failure_leaves_no_traceback_in_run_log(tmp_path):
+    """A second Ctrl-C can land while Orbax waits for a save to finish; Orbax logs it with a traceback before
+    passing it on. run.log keeps every other failure's traceback."""
+    import logging
+
+    from mgrpo_jax.rl.run import log_to_file
+
+    path = log_to_file(str(tmp_path))
+    handler = logging.getLogger().handlers[-1]
+    library = logging.getLogger("absl")
+    try:
+        for error in (KeyboardInterrupt(), ValueError("a real failure")):
+            try:
+                raise error
+            except BaseException:  # noqa: BLE001 -- as the library does
+                library.exception("Save Finalize thread failed.")
+        handler.flush()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    text = open(path).read()
+    assert text.count("Save Finalize thread failed.") == 1 and text.count("Traceback") == 1
+    assert "ValueError: a real failure" in text and "KeyboardInterrupt" not in text
+
+
 def test_a_second_ctrl_c_in_the_warm_start_stops_at_once_and_the_rerun_resumes_from_the_newest_checkpoint(tmp_path):
     """Ctrl-C, then Ctrl-C again during the warm start: exit 130 at once, no traceback on screen or in run.log,
     no half-written checkpoint, a summary.json that says interrupted and where the rerun resumes; the rerun
