@@ -70,7 +70,8 @@ runs compiled nothing), then pairs of timed runs, one of each engine back to bac
   episode and the turn (``LongScript``, which ``ScriptedTurns`` adds to both engines), and forced through per-row
   budgets: the tokenizer's end-of-turn id lies outside the model's vocabulary, so no turn stops early and both
   engines run the same token counts. The slot engine has ``--long-slots`` (4; 6) slots and decodes
-  ``--long-chunk`` (16) steps per round.
+  ``--long-chunk`` (16) steps per round; ``--kv-block-size=16`` puts them on paged KV (the episodes' system
+  prompt's blocks shared, so ``prefill_tokens_per_context_token`` falls below 1).
 * then (unless ``--skip-local``; alone with ``--workload=local``) one RL step's rollouts of the compact ``local``
   preset (``--local-preset``), both agents, warm-started ``--local-warmstart-steps`` (100; ``--full``: the
   preset's ``warmstart.min_steps``, 500), the slot engine with the config's slot counts (one per rollout), each
@@ -665,13 +666,14 @@ def bench_long(args) -> dict:
                         (args.long_response_min, args.long_response_max))
     limits = RolloutLimits(max_turn_tokens=args.long_max_turn, temperature=1.0)
 
-    def runtime(s, slots):
+    def runtime(s, slots, kv_block_size=0):
         return AgentRuntime("single", s, "system", {"read": _page}, max_turns=4 * args.long_turns_max,
                             context_tokens=args.long_context, tokenizer=tokenizer, slots=slots,
-                            decode_chunk=args.long_chunk)
+                            decode_chunk=args.long_chunk, kv_block_size=kv_block_size)
 
     counter, scripts = CountingSampler(sampler), {"single": script}
-    engine = ScriptedRolloutEngine(tokenizer, runtime(sampler, args.long_slots), None, limits, scripts=scripts)
+    engine = ScriptedRolloutEngine(tokenizer, runtime(sampler, args.long_slots, args.kv_block_size), None, limits,
+                                   scripts=scripts)
     oracle = ScriptedLockstepEngine(tokenizer, runtime(counter, 0), None, limits, scripts=scripts)
     questions = [types.SimpleNamespace(text=f"question {i}") for i in range(args.long_episodes)]
     out = compare_engines(engine, oracle, lambda e: e.run(questions, 1, seed=0), [counter])
@@ -679,6 +681,7 @@ def bench_long(args) -> dict:
                          "turns": [args.long_turns_min, args.long_turns_max], "max_turn_tokens": args.long_max_turn,
                          "response_tokens": [args.long_response_min, args.long_response_max],
                          "context_tokens": args.long_context, "model": args.long_model,
+                         "kv_block_size": args.kv_block_size,
                          "overrides": args.long_overrides, "params_m": sampler.cfg.num_params() / 1e6}
     return out
 
@@ -738,6 +741,9 @@ def parse_args(argv=None):
     p.add_argument("--long-episodes", type=int, default=8)
     p.add_argument("--long-slots", type=int, default=4, help="decode slots of the new engine on the long workload")
     p.add_argument("--long-chunk", type=int, default=16, help="decode steps per round on the long workload")
+    p.add_argument("--kv-block-size", type=int, default=0,
+                   help="the slot engine's paged KV blocks on the long workload (0: contiguous decode slots; the "
+                        "episodes' shared system prompt is then prefilled once, mgrpo_jax/sampling/paged.py)")
     p.add_argument("--long-turns-min", type=int, default=3)
     p.add_argument("--long-turns-max", type=int, default=5)
     p.add_argument("--long-max-turn", type=int, default=256, help="max_turn_tokens of the long workload")

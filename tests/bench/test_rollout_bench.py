@@ -62,6 +62,7 @@ def test_the_timer_observes_compiled_calls_by_kind():
 def test_the_default_is_a_cut_of_the_full_run_and_flags_beside_a_mode_still_apply():
     default, full = bench.parse_args([]), bench.parse_args(["--full"])
     assert (default.warmstart_steps, default.steps, default.long_episodes, default.long_context) == (100, 2, 8, 2048)
+    assert default.kv_block_size == 0 and bench.parse_args(["--kv-block-size=16"]).kv_block_size == 16  # paged: opt in
     # --full: the preset's own warm start (None) and the paper-shaped long workload, as before issue 37.
     assert (full.warmstart_steps, full.steps, full.max_warmup_steps, full.quiet_steps) == (None, 3, 8, 2)
     assert (full.long_episodes, full.long_turns_max, full.long_context) == (24, 14, 8192)
