@@ -1,7 +1,9 @@
 """Compiled plans for TPU pods, made here without a TPU: per-chip memory of the paper-scale agent's programs.
 
-    python -m mgrpo_jax.bench.plan                      # the paper preset (Qwen3-30B-A3B) on v5p-64, v5p-128,
-                                                        # v6e-64, v6e-256
+    python -m mgrpo_jax.bench.plan                      # the small size's five programs on a 4-chip v5e (minutes)
+    python -m mgrpo_jax.bench.plan --full               # the paper preset (Qwen3-30B-A3B) on v5p-64, v5p-128,
+                                                        # v6e-64, v6e-256 (the default before issue 37; an hour+)
+    python -m mgrpo_jax.bench.plan --size=paper --topologies=v5p-64   # the paper preset on one topology
     python -m mgrpo_jax.bench.plan --size=paper_dense   # the dense 8B preset on v5p-128, v5e-64, v6e-64, v6e-256
     python -m mgrpo_jax.bench.plan --size=small         # a tiny model on a 4-chip v5e, for CI (seconds)
     python -m mgrpo_jax.bench.plan --size=small_moe     # the same with 8 experts over a 2-way expert axis
@@ -661,7 +663,10 @@ def compare_shared(prefix: str, names: list, shared: list, main_rows: list, sub_
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=tuple(SIZES), default="paper")
+    parser.add_argument("--size", choices=tuple(SIZES), default=None,
+                        help="default: small (every program of a tiny model on a 4-chip v5e, a few minutes on 2 "
+                             "cores); --full: paper (the TPU compiler takes minutes per paper-scale program)")
+    parser.add_argument("--full", action="store_true", help="the paper preset on its four topologies")
     parser.add_argument("--topologies", default="", help="comma-separated names (default: all of the size's)")
     parser.add_argument("--programs", default=",".join(ALL_PROGRAMS))
     parser.add_argument("--paged_attention", choices=("pallas", "gather"), default="pallas",
@@ -677,6 +682,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true",
                         help="--size=small --programs=decode: a tiny model's decode step on a 4-chip v5e, seconds")
     args = parser.parse_args(argv)
+    args.size = args.size or ("paper" if args.full else "small")
     if args.quick:  # the train and prefill programs take most of the small size's compile time
         args.size, args.programs = "small", "decode"
 
@@ -687,6 +693,10 @@ def main(argv=None) -> dict:
     elif args.lora:
         prefix += "_lora"
     names = [n for n in args.topologies.split(",") if n] or list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        parser.error(f"--topologies {','.join(unknown)}: not a topology of the {prefix} plan (its topologies: "
+                     f"{', '.join(table)}); --size=paper or --full plans the paper preset")
     preset = "paper_lora" if args.lora else args.size
 
     def plan_of(agent: str, pair: bool = False) -> Plan:

@@ -76,3 +76,11 @@ def test_row_shards_beyond_the_rows_go_to_the_tensor_axis():
     assert bench.mesh_for_rows(moe_mesh, 32, 128) == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 8}
     assert bench.mesh_for_rows(moe_mesh, 256, 128) == {"data": 1, "fsdp": 16, "tensor": 2, "expert": 8}
     assert bench.mesh_for_rows({"data": 1, "fsdp": -1, "tensor": 4}, 256, 128) == {"data": 1, "fsdp": 64, "tensor": 4}
+
+
+def test_a_topology_of_another_size_is_refused_before_anything_compiles(capsys):
+    # The default plans the small size (minutes); the paper preset's topologies need --size=paper or --full.
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--topologies=v5p-64"])
+    assert info.value.code == 2
+    assert "--topologies v5p-64: not a topology of the small plan (its topologies: v5e-4)" in capsys.readouterr().err
