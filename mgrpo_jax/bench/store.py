@@ -226,6 +226,7 @@ class StepData:
                 "old_logprobs": (-rng.exponential(1.0, size=n)).tolist(),
             }
         self.correct = rng.random((q, k)) < 0.3
+        self.format_ok = rng.random((q, k)) < 0.95
         self.reward = rng.random((q, k)).astype(np.float32)
         self.counts = np.full((q, k), d, np.int32)
 
@@ -249,7 +250,7 @@ class StepData:
 
 
 def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds: int, chunk: int,
-                  fifo: bool, meter: Meter) -> dict:
+                  fifo: bool, meter: Meter, per_task: bool = False) -> dict:
     """One RL step's exchange; returns {phase: {"s", "records", "bytes", "deletes", "lists"}}."""
     phases: dict[str, dict] = {}
 
@@ -270,26 +271,40 @@ def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds:
         tasks = data.tasks(step, invocation % data.d, main_version)
         if invocation >= data.d:  # more rounds than slots: fresh invocation ids beyond D
             tasks = [Record("task", step, t.query, t.rollout, invocation, main_version, t.payload) for t in tasks]
-        with phase("tasks"):
-            ids = main.tasks.post(tasks)
-        with phase("serve"):
-            claimed = sub.tasks.claim(step, "sub_0")
-            sub.tasks.post_answers([data.answer(t, sub_version) for t in claimed])
-        with phase("answers"):
-            main.tasks.wait_answers(step, ids, timeout_s=600)
+        if per_task:  # the exchange before batching: one object per task, claim and answer
+            with phase("tasks"):
+                ids = main.tasks.post(tasks)
+            with phase("serve"):
+                claimed = sub.tasks.claim(step, "sub_0")
+                sub.tasks.post_answers([data.answer(t, sub_version) for t in claimed])
+            with phase("answers"):
+                main.tasks.wait_answers(step, ids, timeout_s=600)
+        else:
+            with phase("tasks"):
+                bid = main.tasks.post_batch(tasks)
+            with phase("serve"):
+                batches = sub.tasks.claim_batches(step, "sub_0")
+                claimed = [t for batch in batches for t in batch.records]
+                for batch in batches:
+                    sub.tasks.answer_batch(batch, [data.answer(t, sub_version) for t in batch.records])
+            with phase("answers"):
+                main.tasks.wait_batch(step, bid, timeout_s=600)
         if len(claimed) != len(tasks):
             raise RuntimeError(f"step {step}: the sub side claimed {len(claimed)} of {len(tasks)} tasks")
     with phase("main_commit"):
         writer = main.step_writer(step, "main", main_version)
+        writer.put_array("main_format_ok", data.format_ok)
         writer.put_array("main_correct", data.correct)
         writer.put_array("main_reward", data.reward)
         writer.put_array("sub_counts", data.counts)
         writer.commit()
     with phase("sub_read"):
-        assert not sub.tasks.claim(step, "sub_0")  # the sub job's poll: no task left, then the marker
+        # The sub job's poll: no task left, then the marker.
+        assert not (sub.tasks.claim(step, "sub_0") if per_task else sub.tasks.claim_batches(step, "sub_0"))
         view = sub.read_step(step, "main")
-        view.array("main_correct")
         view.array("sub_counts")
+        view.array("main_correct")
+        view.array("main_format_ok")
     if fifo:
         with phase("fifo"):
             queue = sub.fifo("sub_trajectories")
@@ -307,7 +322,7 @@ def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds:
 
 
 def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, steps: int, warmup: int,
-                   rounds: int | None, chunk: int, vocab: int, fifo: bool = True) -> dict:
+                   rounds: int | None, chunk: int, vocab: int, fifo: bool = True, per_task: bool = False) -> dict:
     """Runs ``warmup + steps`` exchange steps on a fresh store at ``url``; figures over the timed steps."""
     q, k, d = sizes
     rounds = d if rounds is None else rounds
@@ -319,7 +334,8 @@ def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, s
     per_step = []
     with metered(meter):
         for step in range(warmup + steps):
-            phases = exchange_step(main, sub, step, data, rounds=rounds, chunk=chunk, fifo=fifo, meter=meter)
+            phases = exchange_step(main, sub, step, data, rounds=rounds, chunk=chunk, fifo=fifo, meter=meter,
+                                   per_task=per_task)
             print(f"  {url} step {step}{' (untimed)' if step < warmup else ''}: "
                   + ", ".join(f"{name} {entry['s'] * 1e3:.0f} ms" for name, entry in phases.items()), flush=True)
             if step < warmup:
@@ -354,6 +370,7 @@ def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, s
     out["record_bytes_trajectory"] = float(np.mean([len(data.trajectory(0, s, 0).encode())
                                                     for s in list(data.entries)[:64]]))
     out["fifo_measured"] = fifo
+    out["exchange"] = "per_task" if per_task else "batched"
     return out
 
 
@@ -459,6 +476,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="delegation rounds per step (default D)")
     p.add_argument("--fifo-chunk", type=int, default=None, help="FIFO pop size (default: the paper preset's)")
     p.add_argument("--steps", type=int, default=2, help="timed exchange steps per store")
+    p.add_argument("--per-task", action="store_true",
+                   help="replay the exchange as it was before batching: one object per task, claim and answer")
     p.add_argument("--warmup", type=int, default=1, help="untimed exchange steps first")
     p.add_argument("--backends", default="file", help="comma list of file, gs (the emulator), memory")
     p.add_argument("--gs-steps", type=int, default=1,
@@ -501,6 +520,7 @@ def main(argv=None) -> dict:
     paper, local = get_config("xbench", "paper"), get_config("xbench", args.preset)
     local_sizes = (local.rollout.queries, local.rollout.samples, local.rollout.d_max)
     figures: dict = {"cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0], "sizes": list(args.sizes),
+                     "exchange": "per_task" if args.per_task else "batched",
                      "preset": args.preset, "preset_sizes": list(local_sizes)}
     pool, vocab = payload_pool(args.payload_preset)
     print(f"payloads: {len(pool)} expert delegations of the {args.payload_preset} world (vocabulary {vocab}, "
@@ -517,10 +537,10 @@ def main(argv=None) -> dict:
             gs = backend == "gs"
             result = bench_exchange(_store_url(backend, tmp, "paper", gs_base), args.sizes, pool,
                                     steps=args.gs_steps if gs else args.steps, warmup=0 if gs else args.warmup,
-                                    rounds=args.rounds, chunk=chunk, vocab=vocab, fifo=fifo)
+                                    rounds=args.rounds, chunk=chunk, vocab=vocab, fifo=fifo, per_task=args.per_task)
             share = bench_exchange(_store_url(backend, tmp, "local", gs_base), local_sizes, pool,
                                    steps=args.share_steps, warmup=1, rounds=None, chunk=local.rollout.unsync_chunk,
-                                   vocab=vocab, fifo=True)
+                                   vocab=vocab, fifo=True, per_task=args.per_task)
             result["preset_exchange_s"] = share["step_exchange_s"]
             result["preset_exchange_s_unsync"] = share["step_exchange_s_unsync"]
             result["preset_exchange_phases_s"] = share["phases_s"]

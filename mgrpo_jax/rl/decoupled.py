@@ -10,12 +10,16 @@ own `workdir/main` or `workdir/sub` and resumes from there on its own. Both jobs
 
 One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
 
-  main  runs the controller and M. Each engine iteration's delegations are posted as task records
-        (step s, query, rollout, invocation, M's policy version; payload: task, context, question id) and the
-        main waits for their answers before its next turn (`MainExchange.delegate`, the engine's `sub_executor`).
-  sub   claims the pending tasks of step s, runs them with its own sampler and tools on the decode-slot engine,
-        appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the bucket with a gs://
-        workdir), then answers.
+  main  runs the controller and M. Each engine iteration's delegations are task records (step s, query,
+        rollout, invocation, M's policy version; payload: task, context, question id) posted together as one
+        batch object, and the main waits for the batch's answers, one object, before its next turn
+        (`MainExchange.delegate`, the engine's `sub_executor`; `TaskQueue.post_batch` / `wait_batch`).
+  sub   claims the pending batches of step s (one lease each), runs their tasks with its own sampler and tools on
+        the decode-slot engine, appends each trajectory to its cache (`workdir/sub/cache/<step>.jsonl`, in the
+        bucket with a gs:// workdir), then answers each batch with one object.
+        A round of n delegations costs a fixed number of store operations, not ~4n as with one object per task
+        and answer (the slot engine delegates in every decode round where a main turn ended with a call;
+        `python -m mgrpo_jax.bench.store` measures the exchange's share of a step, docs/benchmarks.md).
   main  judges its rollouts, computes the step's targets and commits `main_format_ok`, `main_correct`,
         `main_reward` (the targets'), `sub_counts` for step s, trains M.
   sub   once the main's commit of s is visible: rebuilds the step's [Q][K][d_k] layout from `sub_counts` and
@@ -56,6 +60,7 @@ from mgrpo_jax.runtime.seeds import derive_seed
 from mgrpo_jax.store import Record, StoreError, StoreTimeout
 from mgrpo_jax.store.records import seal, unseal
 from mgrpo_jax.store.retry import poll_until
+from mgrpo_jax.store.tasks import TaskBatch
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +124,10 @@ class MainExchange(Exchange):
         """The engine's sub executor: post this iteration's delegations, wait for every answer."""
         tasks = [Record("task", self.step, e.question_index, e.rollout, e.invocation, self.version,
                         {**e.call, "question_id": questions[e.question_index].id}) for e in spawned]
-        ids = self.store.tasks.post(tasks)
-        answers = self.store.tasks.wait_answers(self.step, ids, timeout_s=self.timeout_s)
-        for episode, rid in zip(spawned, ids, strict=True):
-            reply = answers[rid].payload
+        bid = self.store.tasks.post_batch(tasks)
+        answers = self.store.tasks.wait_batch(self.step, bid, timeout_s=self.timeout_s)
+        for episode, task in zip(spawned, tasks, strict=True):
+            reply = answers[task.id].payload
             episode.answer = reply["answer"]
             episode.end_reason = reply["end_reason"]
             episode.turns = list(reply["turns"])
@@ -157,13 +162,15 @@ class SubExchange(Exchange):
     def __init__(self, store, config):
         self.store, self.timeout_s, self.worker = store, float(config.decoupled.timeout_s), config.decoupled.worker
 
-    def answer(self, answers: list[Record]) -> None:
-        self.store.tasks.post_answers(answers)
+    def answer(self, batches: list[TaskBatch], answers: dict[str, Record]) -> None:
+        """Posts the answers (by task id) to each claimed batch, one object per batch."""
+        for batch in batches:
+            self.store.tasks.answer_batch(batch, [answers[rid] for rid in batch.ids])
 
     def _next_event(self, step: int):
-        tasks = self.store.tasks.claim(step, self.worker)
-        if tasks:
-            return "tasks", tasks
+        batches = self.store.tasks.claim_batches(step, self.worker)
+        if batches:
+            return "tasks", batches
         if self.store.is_committed(step, MAIN):
             return "commit", self.store.read_step(step, MAIN)
         done = _get(self.store, DONE_KEY)
@@ -172,7 +179,7 @@ class SubExchange(Exchange):
         return None
 
     def next_event(self, step: int) -> tuple[str, object]:
-        """What the main job did next at `step`: ("tasks", claimed task records), ("commit", its step record) or
+        """What the main job did next at `step`: ("tasks", claimed task batches), ("commit", its step record) or
         ("done", None) when it finished without this step; a StoreTimeout after `decoupled.timeout_s` of nothing."""
         event = poll_until(lambda: self._next_event(step), self.timeout_s, self.store.poll)
         if event is None:
@@ -246,9 +253,11 @@ class ServingSubSide:
 
     # -- serving -----------------------------------------------------------------------------------------
 
-    def _serve(self, step: int, tasks: list[Record], cache: dict, version: int, timings: dict) -> int:
-        """Runs the claimed tasks' sub-agent episodes (those not already cached), caches them, answers all."""
+    def _serve(self, step: int, batches: list[TaskBatch], cache: dict, version: int, timings: dict) -> int:
+        """Runs the claimed batches' sub-agent episodes (those not already cached) together, caches them, answers
+        every batch."""
         engine = self.engine
+        tasks = sorted((t for batch in batches for t in batch.records), key=lambda t: t.id)  # as claimed one by one
         fresh = [t for t in tasks if (t.query, t.rollout, t.invocation) not in cache]
         episodes = [engine.start_sub(t.payload["task"], t.payload["context"], question_index=t.query,
                                      rollout=t.rollout, invocation=t.invocation) for t in fresh]
@@ -257,13 +266,13 @@ class ServingSubSide:
         self._append_cache(step, served)  # before answering: an answered task always has its trajectory here
         for entry in served:
             cache[(entry[0].question_index, entry[0].rollout, entry[0].invocation)] = entry
-        answers = []
+        answers = {}
         for t in tasks:
             episode, sampled_by, _ = cache[(t.query, t.rollout, t.invocation)]
-            answers.append(Record("answer", step, t.query, t.rollout, t.invocation, sampled_by, {
+            answers[t.id] = Record("answer", step, t.query, t.rollout, t.invocation, sampled_by, {
                 "answer": episode.answer, "end_reason": episode.end_reason, "turns": episode.turns,
-                "tool_calls": dict(episode.tool_calls)}))
-        self.exchange.answer(answers)
+                "tool_calls": dict(episode.tool_calls)})
+        self.exchange.answer(batches, answers)
         return len(fresh)
 
     def collect(self, step: int, collected=None) -> SubStep | None:
