@@ -13,14 +13,18 @@
 what `mgrpo_jax/rl/decoupled.py` writes and reads per RL step, with the main job's and the sub job's
 calls on two separate `Store` handles (run one after the other in this process, as the two jobs take turns):
 
-1. ``tasks``: ``--rounds`` engine iterations (default D: every rollout delegates D times); in each the main
-   posts Q·K delegation tasks (``TaskQueue.post``),
-2. ``serve``: the sub job claims them (``TaskQueue.claim``: list, read, one conditional claim per task) and
-   posts the answers (``post_answers``),
-3. ``answers``: the main reads them back (``wait_answers``);
-4. ``main_commit``: the main commits ``main_correct`` [Q, K] bool, ``main_reward`` [Q, K] f32 and
-   ``sub_counts`` [Q, K] int32 behind its commit marker,
-5. ``sub_read``: the sub sees the marker and reads ``main_correct`` and ``sub_counts``,
+1. ``tasks``: ``--rounds`` delegation rounds (default D: every rollout delegates D times), each sent in
+   ``--split`` engine rounds (``--share-split`` at the preset's sizes, default 2: a `local` step's two delegation
+   turns reach the store in 4 engine rounds, the slot engine sending each decode round's new delegations); in each
+   engine round the main posts its share of the Q·K delegation tasks as one batch (``TaskQueue.post_batch``),
+2. ``serve``: the sub job claims the batch (``TaskQueue.claim_batches``: two listings, one conditional lease, one
+   read) and posts its answers as one object (``answer_batch``),
+3. ``answers``: the main reads them back (``wait_batch``); with ``--per-task`` phases 1-3 replay the exchange
+   before batching (one object per task, lease and answer: ``post``, ``claim``, ``post_answers``,
+   ``wait_answers``);
+4. ``main_commit``: the main commits ``main_format_ok`` and ``main_correct`` [Q, K] bool, ``main_reward`` [Q, K]
+   f32 and ``sub_counts`` [Q, K] int32 behind its commit marker,
+5. ``sub_read``: the sub sees the marker and reads ``sub_counts``, ``main_correct`` and ``main_format_ok``,
 6. ``fifo`` (the unsynchronised ablation only): the sub appends the step's Q·K·D sub-trajectories (token
    ids, loss mask, behaviour log-probs, reward) to the FIFO and pops them in ``unsync_chunk`` chunks,
 7. ``sub_commit``: the sub commits its step; ``lag_wait``: the main reads that marker (``max_lag``),
@@ -32,8 +36,10 @@ contexts of its main-agent transcripts, the answers, assistant turns and tool ca
 and trajectories as long as those episodes (token ids drawn at random, ~3.5 characters per token). Larger
 models write longer turns; ``record_bytes_*`` in the output gives the sizes used.
 
-**Figures.** ``records_per_s``: objects that carried data (records, commit markers, claims, arrays; each
+**Figures.** ``records_per_s``: objects that carried data (records, batches, commit markers, claims, arrays; each
 counted once per write and once per read) / exchange time; ``mb_per_s``: their bytes (10^6) / exchange time.
+Batched, a round moves its tasks in one object each way, so ``records_per_s`` counts far fewer, larger objects
+than the per-task exchange did (``exchange``: ``batched`` or ``per_task``).
 The headline figures are the synchronised exchange (the paper's mode; phases 1-5, 7, 8) at Q=32, K=8, D=8
 against the file store; ``gcs_emulator`` (``--backends file,gs``, as ``--full`` runs) repeats it against
 `gcp-storage-emulator` (about 25 records/s: several minutes at these sizes) started through
@@ -250,8 +256,10 @@ class StepData:
 
 
 def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds: int, chunk: int,
-                  fifo: bool, meter: Meter, per_task: bool = False) -> dict:
-    """One RL step's exchange; returns {phase: {"s", "records", "bytes", "deletes", "lists"}}."""
+                  fifo: bool, meter: Meter, per_task: bool = False, split: int = 1) -> dict:
+    """One RL step's exchange; returns {phase: {"s", "records", "bytes", "deletes", "lists"}}. Each of the
+    ``rounds`` invocations' delegations go out in ``split`` engine rounds (as the slot engine sends them: the
+    rollouts' turns end in different decode rounds)."""
     phases: dict[str, dict] = {}
 
     @contextlib.contextmanager
@@ -271,26 +279,8 @@ def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds:
         tasks = data.tasks(step, invocation % data.d, main_version)
         if invocation >= data.d:  # more rounds than slots: fresh invocation ids beyond D
             tasks = [Record("task", step, t.query, t.rollout, invocation, main_version, t.payload) for t in tasks]
-        if per_task:  # the exchange before batching: one object per task, claim and answer
-            with phase("tasks"):
-                ids = main.tasks.post(tasks)
-            with phase("serve"):
-                claimed = sub.tasks.claim(step, "sub_0")
-                sub.tasks.post_answers([data.answer(t, sub_version) for t in claimed])
-            with phase("answers"):
-                main.tasks.wait_answers(step, ids, timeout_s=600)
-        else:
-            with phase("tasks"):
-                bid = main.tasks.post_batch(tasks)
-            with phase("serve"):
-                batches = sub.tasks.claim_batches(step, "sub_0")
-                claimed = [t for batch in batches for t in batch.records]
-                for batch in batches:
-                    sub.tasks.answer_batch(batch, [data.answer(t, sub_version) for t in batch.records])
-            with phase("answers"):
-                main.tasks.wait_batch(step, bid, timeout_s=600)
-        if len(claimed) != len(tasks):
-            raise RuntimeError(f"step {step}: the sub side claimed {len(claimed)} of {len(tasks)} tasks")
+        for part in range(split):  # the invocation's delegations over `split` engine rounds
+            _exchange_round(main, sub, step, data, tasks[part::split], sub_version, phase, per_task)
     with phase("main_commit"):
         writer = main.step_writer(step, "main", main_version)
         writer.put_array("main_format_ok", data.format_ok)
@@ -321,8 +311,34 @@ def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds:
     return phases
 
 
+def _exchange_round(main: Store, sub: Store, step: int, data: StepData, tasks: list[Record], sub_version: int,
+                    phase, per_task: bool) -> None:
+    """One engine round's delegations: posted by the main, claimed and answered by the sub, read by the main."""
+    if per_task:  # the exchange before batching: one object per task, claim and answer
+        with phase("tasks"):
+            ids = main.tasks.post(tasks)
+        with phase("serve"):
+            claimed = sub.tasks.claim(step, "sub_0")
+            sub.tasks.post_answers([data.answer(t, sub_version) for t in claimed])
+        with phase("answers"):
+            main.tasks.wait_answers(step, ids, timeout_s=600)
+    else:
+        with phase("tasks"):
+            bid = main.tasks.post_batch(tasks)
+        with phase("serve"):
+            batches = sub.tasks.claim_batches(step, "sub_0")
+            claimed = [t for batch in batches for t in batch.records]
+            for batch in batches:
+                sub.tasks.answer_batch(batch, [data.answer(t, sub_version) for t in batch.records])
+        with phase("answers"):
+            main.tasks.wait_batch(step, bid, timeout_s=600)
+    if len(claimed) != len(tasks):
+        raise RuntimeError(f"step {step}: the sub side claimed {len(claimed)} of {len(tasks)} tasks")
+
+
 def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, steps: int, warmup: int,
-                   rounds: int | None, chunk: int, vocab: int, fifo: bool = True, per_task: bool = False) -> dict:
+                   rounds: int | None, chunk: int, vocab: int, fifo: bool = True, per_task: bool = False,
+                   split: int = 1) -> dict:
     """Runs ``warmup + steps`` exchange steps on a fresh store at ``url``; figures over the timed steps."""
     q, k, d = sizes
     rounds = d if rounds is None else rounds
@@ -335,7 +351,7 @@ def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, s
     with metered(meter):
         for step in range(warmup + steps):
             phases = exchange_step(main, sub, step, data, rounds=rounds, chunk=chunk, fifo=fifo, meter=meter,
-                                   per_task=per_task)
+                                   per_task=per_task, split=split)
             print(f"  {url} step {step}{' (untimed)' if step < warmup else ''}: "
                   + ", ".join(f"{name} {entry['s'] * 1e3:.0f} ms" for name, entry in phases.items()), flush=True)
             if step < warmup:
@@ -362,7 +378,8 @@ def bench_exchange(url: str, sizes: tuple[int, int, int], pool: list[dict], *, s
     out["deletes_per_step"] = sum(t["deletes"] for t in totals.values()) / n
     out["lists_per_step"] = sum(t["lists"] for t in totals.values()) / n
     out["phases_s"] = {name: t["s"] / n for name, t in totals.items()}
-    out["sizes"] = {"queries": q, "samples": k, "d_max": d, "rounds": rounds, "tasks_per_step": q * k * rounds,
+    out["sizes"] = {"queries": q, "samples": k, "d_max": d, "rounds": rounds, "engine_rounds": rounds * split,
+                    "tasks_per_step": q * k * rounds,
                     "fifo_chunk": chunk}
     task = data.tasks(0, 0, 0)[0]
     out["record_bytes_task"] = len(task.encode())
@@ -476,6 +493,11 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="delegation rounds per step (default D)")
     p.add_argument("--fifo-chunk", type=int, default=None, help="FIFO pop size (default: the paper preset's)")
     p.add_argument("--steps", type=int, default=2, help="timed exchange steps per store")
+    p.add_argument("--split", type=int, default=1,
+                   help="engine rounds each delegation round's tasks go out in, at --sizes (1)")
+    p.add_argument("--share-split", type=int, default=2,
+                   help="the same at the preset's sizes (2: a local step's 2 delegation turns reach the store in "
+                        "4 engine rounds)")
     p.add_argument("--per-task", action="store_true",
                    help="replay the exchange as it was before batching: one object per task, claim and answer")
     p.add_argument("--warmup", type=int, default=1, help="untimed exchange steps first")
@@ -537,10 +559,11 @@ def main(argv=None) -> dict:
             gs = backend == "gs"
             result = bench_exchange(_store_url(backend, tmp, "paper", gs_base), args.sizes, pool,
                                     steps=args.gs_steps if gs else args.steps, warmup=0 if gs else args.warmup,
-                                    rounds=args.rounds, chunk=chunk, vocab=vocab, fifo=fifo, per_task=args.per_task)
+                                    rounds=args.rounds, chunk=chunk, vocab=vocab, fifo=fifo, per_task=args.per_task,
+                                    split=args.split)
             share = bench_exchange(_store_url(backend, tmp, "local", gs_base), local_sizes, pool,
                                    steps=args.share_steps, warmup=1, rounds=None, chunk=local.rollout.unsync_chunk,
-                                   vocab=vocab, fifo=True, per_task=args.per_task)
+                                   vocab=vocab, fifo=True, per_task=args.per_task, split=args.share_split)
             result["preset_exchange_s"] = share["step_exchange_s"]
             result["preset_exchange_s_unsync"] = share["step_exchange_s_unsync"]
             result["preset_exchange_phases_s"] = share["phases_s"]
