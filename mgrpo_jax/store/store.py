@@ -9,6 +9,9 @@ Key layout under the store's root (``memory://name/``, ``file:///path/``, ``gs:/
     tasks/<step:010d>/claim/<id>.json                         lease of a task by a sub worker
     tasks/<step:010d>/answer/<id>.json                        the sub-agent's answer (first writer wins)
     tasks/<step:010d>/closed.json                             the full list of the step's task ids
+    tasks/<step:010d>/batch/<bid>.json                        a round of tasks posted as one object (decoupled jobs)
+    tasks/<step:010d>/claim/<bid>.json                        lease of a batch by a sub worker
+    tasks/<step:010d>/batch_answer/<bid>.json                 the answers to a batch's tasks (first writer wins)
     fifo/<name>/items/<seq:012d>.<id>.json                    FIFO item (unsynchronised ablation)
     fifo/<name>/consumers/<consumer>.json                     a consumer's persisted offset
 
