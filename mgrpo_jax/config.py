@@ -269,6 +269,25 @@ def base_config(benchmark: str = "xbench") -> ml_collections.ConfigDict:
     # How many RL steps of exchange data (tasks, answers, commits) the store keeps before garbage collection; at
     # least max_lag + 1, since the main job at step s may still read what the sub job wrote at step s - max_lag.
     c.decoupled.keep_steps = 4
+
+    # Asynchronous M-GRPO (mgrpo_jax/rl/asynchronous.py, docs/async.md): a sampler thread keeps rolling out the next
+    # steps' questions with the newest weights it holds while the learners train on finished groups.
+    c.async_rl = ml_collections.ConfigDict()
+    c.async_rl.enabled = False
+    # Policy versions (RL updates) between sampling a token and training on it, at most; the sampler waits before a
+    # step that would exceed it. 0: step s is sampled after update s - 1, as the synchronous step does.
+    c.async_rl.max_staleness = 1
+    # An episode in flight when new weights arrive: "continue" (its next tokens are sampled under them, each token
+    # tagged with its version) or "restart" (the step's rollouts are sampled again from the start under them).
+    c.async_rl.partial_rollouts = "continue"
+    # How stale tokens are trained: "decoupled" (decoupled PPO: the clip is centred on the proximal policy, the
+    # learner's weights before the update, and each stale token weighted by min(pi_prox / pi_behaviour, is_cap),
+    # truncated importance sampling) or "none" (the recorded behaviour log-probs as they are: PPO's clip alone).
+    c.async_rl.correction = "decoupled"
+    c.async_rl.is_cap = 2.0
+    # Devices of each agent's share that sample (taken from the end of its devices; the rest train). 0: the sampler
+    # uses the learner's devices (its weights still a copy, so an update never donates what a rollout reads).
+    c.async_rl.rollout_devices = 0
     return c
 
 
@@ -579,6 +598,29 @@ def _check_services(p: _Problems) -> None:
     p.number("env.http_backoff_s", 0)
 
 
+ASYNC_PARTIAL_ROLLOUTS = ("continue", "restart")
+ASYNC_CORRECTIONS = ("decoupled", "none")
+
+
+def _check_async(p: _Problems, job: str | None) -> None:
+    """`async_rl.*`: its values, and the modes and jobs the asynchronous loop does not run yet."""
+    if "async_rl" not in p.config:  # a config from before the block: synchronous
+        return
+    p.number("async_rl.max_staleness", 0)
+    p.number("async_rl.rollout_devices", 0)
+    p.number("async_rl.is_cap", above=0)
+    p.choice("async_rl.partial_rollouts", ASYNC_PARTIAL_ROLLOUTS)
+    p.choice("async_rl.correction", ASYNC_CORRECTIONS)
+    if not p.get("async_rl.enabled"):
+        return
+    if job in ("main", "sub"):
+        p.add("async_rl.enabled", True, f"not yet with --role={job}: the decoupled jobs already overlap the agents; "
+              "run colocated for a sampler beside each learner")
+    if p.get("mode") == "mgrpo_unsync":
+        p.add("async_rl.enabled", True, "not with mode mgrpo_unsync: its sub-agent trains from its own FIFO, whose "
+              "records carry no per-token versions to correct")
+
+
 def validate(config, job: str | None = None) -> None:
     """Raises one ValueError listing every problem of `config` that shows without building anything, each naming
     its field. `job`: the job's side in the decoupled mode (launch/tpu_run.py --role), "colocated" or None for
@@ -689,6 +731,8 @@ def validate(config, job: str | None = None) -> None:
     if max_lag is not None and keep is not None and keep < max_lag + 1:
         p.add("decoupled.keep_steps", keep, f"must be >= decoupled.max_lag + 1 = {max_lag + 1} (the main job at "
               "step s may still read what the sub job wrote at step s - max_lag)")
+
+    _check_async(p, job)
 
     if job is not None and job not in JOBS:
         p.add("role", job, f"not one of {', '.join(JOBS)}{_did_you_mean(job, JOBS)}")

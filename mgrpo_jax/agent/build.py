@@ -136,11 +136,37 @@ def agent_tokenizer(config, name: str, shared: ChatTokenizer) -> ChatTokenizer:
     return load_checkpoint_tokenizer(path, PROTOCOL_TAGS if config.env.grammar == "chat" else ())
 
 
-def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, list]:
-    """{agent: the devices its mesh spans} for the agents of `config.mode` (`only`: a subset). A mesh whose axes
-    cannot fit those devices is a ValueError naming `<agent>.mesh` and its value."""
+def rollout_device_count(config) -> int:
+    """How many of each agent's devices sample in an asynchronous run (`async_rl.rollout_devices`); 0 otherwise."""
+    section = config.get("async_rl")
+    return int(section.rollout_devices) if section is not None and section.enabled else 0
+
+
+def split_rollout_devices(config, devices: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:
+    """({agent: its training devices}, {agent: its sampling devices}) of each agent's share: the last
+    `async_rl.rollout_devices` sample (none: the sampler runs on the training devices, the second dict empty)."""
+    count = rollout_device_count(config)
+    if not count:
+        return devices, {}
+    for name, own in devices.items():
+        if len(own) <= count:
+            raise ValueError(f"async_rl.rollout_devices={count}: agent {name} gets only {len(own)} devices, and needs "
+                             "at least one more to train on")
+    return {n: own[:-count] for n, own in devices.items()}, {n: own[-count:] for n, own in devices.items()}
+
+
+def agent_rollout_devices(config, only: Sequence[str] | None = None) -> dict[str, list]:
+    """{agent (model section): the devices its asynchronous sampler runs on}; empty when they are its learner's."""
     names = model_sections(config.mode)
-    devices = agent_devices([n for n in names if only is None or n in only])
+    return split_rollout_devices(config, agent_devices([n for n in names if only is None or n in only]))[1]
+
+
+def agent_mesh_devices(config, only: Sequence[str] | None = None) -> dict[str, list]:
+    """{agent: the devices its mesh spans} for the agents of `config.mode` (`only`: a subset), less those its
+    asynchronous sampler takes (`split_rollout_devices`). A mesh whose axes cannot fit those devices is a ValueError
+    naming `<agent>.mesh` and its value."""
+    names = model_sections(config.mode)
+    devices = split_rollout_devices(config, agent_devices([n for n in names if only is None or n in only]))[0]
     out = {}
     for name in (n for n in names if n in devices):
         shape = config[name].mesh.to_dict()

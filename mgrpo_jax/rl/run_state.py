@@ -18,12 +18,16 @@ class RunState:
 
     def __init__(self, checkpointer: Checkpointer, learners: dict, feed, sub):
         self.checkpointer, self.learners, self.feed, self.sub = checkpointer, learners, feed, sub
+        # step -> the feed's position before that step's questions, where they are drawn ahead of training (an
+        # asynchronous run's sampler, mgrpo_jax/rl/asynchronous.py); None: the feed's own position.
+        self.iterator_state = None
 
     def items(self) -> dict:
         return {k: v for agent in self.learners.values() for k, v in agent.checkpoint_items().items()}
 
     def host_state(self, step: int, warm_started: bool) -> dict:
-        return {"step": step, "iterator": self.feed.iterator.get_state(), "warm_started": warm_started,
+        position = self.iterator_state(step) if self.iterator_state else self.feed.iterator.get_state()
+        return {"step": step, "iterator": position, "warm_started": warm_started,
                 "fifo_offset": 0, **self.sub.state()}
 
     def save(self, step: int, warm_started: bool, force: bool = False) -> None:

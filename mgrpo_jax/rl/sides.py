@@ -356,9 +356,10 @@ def build_sides(config, learners: dict, engine, env, store, workdir: str, is_mai
 
 def step_timings(metrics: dict, t0: float, t1: float, t2: float, t3: float) -> dict:
     """Adds the step's `time/*` to `metrics` (t0 start, t1 data in, t2 rows built, t3 trained): the judges'
-    `time/judge_s` counts in `time/rewards_s`, and `time/other_s` is what the named phases leave of the step."""
+    `time/judge_s` counts in `time/rewards_s`, and `time/other_s` is what the named phases leave of the step.
+    `time/collect_s`: t0 to t1, the rollouts and their judges (an asynchronous step: its wait for them)."""
     metrics.update({"time/rewards_s": t2 - t1 + metrics.pop("time/judge_s", 0.0), "time/training_s": t3 - t2,
-                    "time/step_s": t3 - t0})
+                    "time/step_s": t3 - t0, "time/collect_s": t1 - t0})
     if "time/sampling_s" in metrics:
         metrics["time/other_s"] = t3 - t0 - sum(metrics[f"time/{k}"] for k in ("sampling_s", "tools_s", "rewards_s",
                                                                                "training_s"))

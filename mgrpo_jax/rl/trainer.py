@@ -19,6 +19,7 @@ import jax
 from mgrpo_jax.config import credit_name
 from mgrpo_jax.core import credit_config_type, get_credit
 from mgrpo_jax.rl import curriculum, decoupled, evaluation, sides, warmstart
+from mgrpo_jax.rl.asynchronous import AsyncRollouts
 from mgrpo_jax.rl.hooks import EVALUATE, SAVE, WRITE, Hooks, StepInfo
 from mgrpo_jax.rl.run_state import RunState, report_stop
 from mgrpo_jax.rl.system import JOBS
@@ -70,6 +71,11 @@ class Trainer:
                                  self.is_main_process, serving)
         self.sides, self.main, self.sub, self.hooks = pair, pair.main, pair.sub, Hooks()
         self.state = RunState(self.checkpointer, self.learners, self.feed, self.sub)
+        self.rollouts = None  # asynchronous runs: the sampler thread (mgrpo_jax/rl/asynchronous.py)
+        if config.get("async_rl") is not None and config.async_rl.enabled:
+            self.rollouts = AsyncRollouts(config, self.system, self.feed, self.workdir,
+                                          config.train.log_transcripts if self.is_main_process else 0)
+            self.state.iterator_state = self.rollouts.iterator_state
         if config.train.eval_every:
             self.hooks.add(lambda info: self.evaluate(), every=config.train.eval_every, order=EVALUATE)
         self.hooks.add(lambda info: self.writer.write(info.step, info.metrics), order=WRITE)
@@ -107,7 +113,12 @@ class Trainer:
         first. `update=False`: no update, the rows kept in `self.dry_rows` (main, sub) for a diagnosis."""
         t0, step, main, sub = time.perf_counter(), self.step, self.main, self.sub
         metrics = self.exchange.before_step(step, main.version)
-        collected = main.collect(step, next(self.feed.iterator))
+        if self.rollouts is not None:
+            self.rollouts.start(step)
+            collected, figures = self.rollouts.take(step)
+            metrics.update(figures)
+        else:
+            collected = main.collect(step, next(self.feed.iterator))
         sub_version = sub.version  # the policy that serves this step's calls
         data = sub.collect(step, collected)
         if data is None:
@@ -121,9 +132,13 @@ class Trainer:
         main_figures, main_rows = main.rows(collected, targets, stats, step)
         sub_figures, sub_rows = sub.rows(data, targets, stats, step)
         metrics.update({**main_figures, **sub_figures})
+        if self.rollouts is not None:
+            main_rows, sub_rows = self._corrected(main_rows, sub_rows, metrics)
         t2 = time.perf_counter()
         if update:
             metrics.update(self.sides.update(main_rows, sub_rows))
+            if self.rollouts is not None:
+                self.rollouts.push(step + 1)
         else:
             self.dry_rows = (main_rows, sub_rows)
         self.exchange.commit(step, sub_version, int(metrics.get("sub/served", 0)))
@@ -132,6 +147,23 @@ class Trainer:
         metrics.update(main.throughput(collected, t3 - t0))
         self.step += 1
         return sides.step_timings(metrics, t0, t1, t2, t3)
+
+    def _corrected(self, main_rows, sub_rows, metrics: dict):
+        """Both sides' rows with their stale tokens corrected (`AsyncRollouts.correct`), trained at version `step`:
+        the RL updates this run has made."""
+        main_rows, figures = self.rollouts.correct(self.main.learner, main_rows, self.step)
+        metrics.update(figures)
+        corrected = []
+        for part in sub_rows or []:
+            part, figures = self.rollouts.correct(self.sub.learner, part, self.step)
+            metrics.update(figures)
+            corrected.append(part)
+        return main_rows, corrected if sub_rows is not None else sub_rows
+
+    def stop_rollouts(self) -> None:
+        """An asynchronous run's sampler thread stopped, the question feed back at the next step to train."""
+        if self.rollouts is not None:
+            self.rollouts.close(self.step)
 
     def save(self, force: bool = False) -> None:
         self.state.save(self.step, self.warm_started, force=force)
@@ -168,7 +200,10 @@ class Trainer:
                     if self.status == "stopped":
                         self.first_checkpoint()
                 if self.status == "stopped":
-                    summary = self.rl_steps(guard)
+                    try:
+                        summary = self.rl_steps(guard)
+                    finally:
+                        self.stop_rollouts()
             self.checkpointer.wait()
         except KeyboardInterrupt:
             self.status, self.at_once = "interrupted", True

@@ -20,8 +20,10 @@ import numpy as np
 from mgrpo_jax.core import gather_aligned
 from mgrpo_jax.rollout.episode import Episode
 
-PAD_VALUES = {"tokens": 0, "loss_mask": 0.0, "old_logprobs": 0.0}
-TIME_COLUMNS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs")  # [rows, seq_len] columns
+# `versions`: each token's policy version (float32, exact for versions below 2**24; docs/async.md).
+PAD_VALUES = {"tokens": 0, "loss_mask": 0.0, "old_logprobs": 0.0, "versions": 0.0}
+TIME_COLUMNS = ("tokens", "positions", "attention_mask", "loss_mask", "old_logprobs", "versions")  # [rows, seq_len]
+TOKEN_OR_ROW_COLUMNS = ("advantages",)  # [rows] or, per token (an asynchronous run's corrected ones), [rows, seq_len]
 
 
 def bucket_length(lengths, limit: int, multiple: int = 128) -> int:
@@ -143,7 +145,8 @@ def concat_rows(parts: Sequence[dict[str, np.ndarray]], pad_id: int = 0) -> dict
     keys = [key for key in parts[0] if all(key in part for part in parts)]
 
     def widened(key: str, values: np.ndarray) -> np.ndarray:
-        extra = length - values.shape[1] if key in TIME_COLUMNS else 0
+        per_token = key in TIME_COLUMNS or (key in TOKEN_OR_ROW_COLUMNS and values.ndim == 2)
+        extra = length - values.shape[1] if per_token else 0
         if not extra:
             return values
         if key == "positions":

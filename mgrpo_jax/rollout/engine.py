@@ -244,7 +244,7 @@ class EngineCore:
         if length is not None:
             length = int(length)
             budget = min(budget, length)
-        return _Turn(prefix, budget, length)
+        return _Turn(prefix, budget, length, getattr(agent.sampler, "version", 0))
 
     def _finish_turn(self, agent: AgentRuntime, episode: Episode, turn: _Turn, ids, logprobs, stopped: bool,
                      temperature: float) -> list[Episode]:
@@ -253,7 +253,7 @@ class EngineCore:
         top_k, top_p = int(agent.sampler.top_k), float(agent.sampler.top_p)
         episode.temperature, episode.top_k, episode.top_p = float(temperature), top_k, top_p
         episode.extend(turn.prefix)
-        episode.extend(ids, trained=True, logprobs=logprobs)
+        episode.extend(ids, trained=True, logprobs=logprobs, version=turn.version)
         # A turn with a length fixed ahead (`turn_length`) is whole when it reaches it.
         whole = stopped or (turn.length is not None and len(ids) == turn.length)
         if not whole:
@@ -426,6 +426,9 @@ class _Turn:
     prefix: list[int]  # the assistant header, appended before the sampled ids
     budget: int  # new tokens the turn may sample
     length: int | None  # its length fixed ahead (EngineCore.turn_length): reaching it ends the turn whole
+    # The sampler's policy version when the turn was prepared (mgrpo_jax/rl/asynchronous.py pushes new weights while
+    # episodes run): its tokens are tagged with it, the oldest version any of them can have been sampled under.
+    version: int = 0
 
 
 class _SlotPool:

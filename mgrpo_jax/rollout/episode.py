@@ -43,6 +43,8 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     loss_mask: list[float] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The policy version each token was sampled under (0 on tokens not sampled; asynchronous runs, docs/async.md).
+    versions: list[int] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # decoded assistant turns, for the format gate
     tool_calls: collections.Counter = field(default_factory=collections.Counter)  # tool -> calls; error/<tool>
     answer: str | None = None
@@ -63,16 +65,20 @@ class Episode:
     def generated_tokens(self) -> int:
         return int(sum(self.loss_mask))
 
-    def extend(self, ids, *, trained: bool = False, logprobs=None) -> None:
+    def extend(self, ids, *, trained: bool = False, logprobs=None, version: int = 0) -> None:
         ids = [int(i) for i in ids]
+        if len(self.versions) < len(self.tokens):  # tokens set directly (e.g. from JSON): version 0 before them
+            self.versions.extend([0] * (len(self.tokens) - len(self.versions)))
+        self.versions.extend([int(version)] * len(ids))
         self.tokens.extend(ids)
         self.loss_mask.extend([1.0 if trained else 0.0] * len(ids))
         self.logprobs.extend([0.0] * len(ids) if logprobs is None else [float(x) for x in logprobs])
 
     def to_json(self) -> dict:
         """A sub-agent episode as a JSON object (what crosses a job boundary; `from_json` reads it back). Nested
-        `subs` are not kept."""
-        return {"agent": self.agent, "q": self.question_index, "r": self.rollout, "i": self.invocation,
+        `subs` are not kept; `versions` only where one is not 0 (a synchronous run's records stay as they were)."""
+        versions = {"versions": self.versions} if any(self.versions) else {}
+        return {**versions,"agent": self.agent, "q": self.question_index, "r": self.rollout, "i": self.invocation,
                 "task": self.task, "call": self.call, "tokens": self.tokens, "loss_mask": self.loss_mask,
                 "logprobs": self.logprobs, "turns": self.turns, "tool_calls": dict(self.tool_calls),
                 "answer": self.answer, "end_reason": self.end_reason, "format_error": self.format_error,
@@ -82,18 +88,22 @@ class Episode:
     def from_json(cls, entry: dict) -> Episode:
         return cls(agent=entry.get("agent", "sub"), question_index=entry["q"], rollout=entry["r"],
                    invocation=entry["i"], task=entry["task"], call=entry["call"], tokens=entry["tokens"],
-                   loss_mask=entry["loss_mask"], logprobs=entry["logprobs"], turns=entry["turns"],
+                   loss_mask=entry["loss_mask"], logprobs=entry["logprobs"],
+                   versions=list(entry.get("versions") or [0] * len(entry["tokens"])), turns=entry["turns"],
                    tool_calls=collections.Counter(entry["tool_calls"]), answer=entry["answer"],
                    end_reason=entry["end_reason"], format_error=entry["format_error"],
                    temperature=float(entry.get("temperature", 1.0)), top_k=int(entry.get("top_k", 0)),
                    top_p=float(entry.get("top_p", 1.0)))
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The episode as 1-D arrays: tokens, loss_mask, old_logprobs."""
+        """The episode as 1-D arrays: tokens, loss_mask, old_logprobs, versions (0 where none were recorded)."""
+        versions = np.zeros(len(self.tokens), np.float32)
+        versions[:len(self.versions)] = self.versions[:len(self.tokens)]
         return {
             "tokens": np.asarray(self.tokens, np.int32),
             "loss_mask": np.asarray(self.loss_mask, np.float32),
             "old_logprobs": np.asarray(self.logprobs, np.float32),
+            "versions": versions,
         }
 
 

@@ -386,6 +386,9 @@ class Sampler:
             out_major = platforms == {"cpu"}
         self.out_major = bool(out_major)
         self.caches = CachePool(self._new_cache)
+        # The policy version of the weights it holds: set by whoever pushes them (the asynchronous loop,
+        # mgrpo_jax/rl/asynchronous.py) after `update_weights`; the rollout engine tags each turn with it.
+        self.version = 0
         if self.mesh_rules is not None:
             data = self.mesh_rules.spec(("act_batch",))
             self.batch_multiple = int(np.prod([self.mesh_rules.mesh.shape[a] for a in _axes(data)]))

@@ -27,6 +27,8 @@ MAIN_KEYS = {
              "same_tokens_frac"),
     "model": ("decode_tokens_per_s", "hf_decode_tokens_per_s", "train_mfu", "peak_memory_gb",
               "hf_train_tokens_per_s", "train_tokens_per_s", "prefill_tokens_per_s", "matmul_peak_gflops"),
+    "overlap": ("sync_step_s", "async_step_s", "wall_ratio", "sync_sampler_busy_share", "async_sampler_busy_share",
+                "sync_learner_busy_share", "async_learner_busy_share", "paper_v5p64_wall_ratio"),
     "peer": ("engine_tokens_per_s", "engine_episodes_per_s", "generated_tokens", "context_tokens", "episodes", "turns",
              "threads", "model", "vllm", "tokens_ratio"),
     "plan": ("small_decode_gib_per_chip_v5e4", "small_decode_fits_v5e4", "small_fits_v5e4"),
@@ -69,6 +71,15 @@ def check_model(figures, lines):
     assert figures["decode_out_major"] is True and figures["decode_devices"] >= 1
 
 
+def check_overlap(figures, lines):
+    assert figures["devices"] == 8 and figures["rollout_devices"] == 2 and figures["steps"] == 1
+    for kind in ("sync", "async"):
+        for role in ("sampler", "learner"):
+            assert 0 <= figures[f"{kind}_{role}_busy_share"] <= 1.001, (kind, role)
+    assert figures["wall_ratio"] == pytest.approx(figures["sync_step_s"] / figures["async_step_s"])
+    assert figures["paper_v5p64_wall_ratio"] >= 1.0
+
+
 def check_plan(figures, lines):
     assert any(line.startswith("v5e-4") and "decode" in line for line in lines)  # its table
     assert figures["size"] == "small" and figures["small_fits_v5e4"] is True
@@ -103,7 +114,8 @@ def check_rollout_long(figures, lines):
 
 
 CHECKS = {"checkpoint": check_checkpoint, "kernels": check_kernels, "lora": check_lora, "model": check_model,
-          "plan": check_plan, "rollout": check_rollout, "rollout_long": check_rollout_long, "store": check_store}
+          "overlap": check_overlap, "plan": check_plan, "rollout": check_rollout, "rollout_long": check_rollout_long,
+          "store": check_store}
 
 
 def bench_names() -> list[str]:
