@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous M-GRPO steps (`config.async_rl`, docs/async.md) in one run on 8 forced CPU devices.
 
-    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 2 + 4 steps of each kind
+    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 1 + 3 steps of each kind
     python -m mgrpo_jax.bench.overlap --quick    # smoke preset, 2-step warm start, 1 step of each kind: every path
 
 One `Trainer` of the preset with `async_rl.enabled` and `async_rl.rollout_devices = 2`: of the 8 devices, the main
@@ -44,7 +44,8 @@ def paper_projection(utilisation: float, *, generated_tokens: int = 1024, row_to
       (main Q*K, sub Q*K*D) of `row_tokens` tokens; the asynchronous step adds one forward (2 x) for the proximal
       log-probs of stale rows;
     - sampling S: a decode step reads every weight and each slot's KV once, at `decode_bandwidth` of HBM; a main
-      episode decodes `generated_tokens` tokens and waits on its d_max delegations, each decoding as many;
+      episode decodes `generated_tokens` tokens and waits on its d_max delegations, one after another, each
+      decoding as many on the sub-agent's chips (whose slots decode the step's Q*K*D delegations at once);
     - the asynchronous step on the same chips (`async_rl.rollout_devices = 0`) fills the decode slots' idle share
       (1 - `utilisation`, bench.rollout's measured figure) with the learner's work: max(S, L, utilisation x S + L),
       against S + L.
@@ -54,22 +55,26 @@ def paper_projection(utilisation: float, *, generated_tokens: int = 1024, row_to
 
     config = get_config("xbench", "paper")
     q, k, d = config.rollout.queries, config.rollout.samples, config.rollout.d_max
-    out, sync_s, async_s = {}, 0.0, 0.0
+    out, decode_step, train, proximal = {}, {}, {}, {}
     for name, rows in (("main", q * k), ("sub", q * k * d)):
         agent = config[name]
         model = get_model_config(agent.model)
         active, total = model.num_params(active=True), model.num_params()
-        tokens = rows * row_tokens * int(agent.passes)
-        train = 6 * active * tokens / (V5P64_CHIPS * V5P_FLOPS * train_mfu)
-        proximal = 2 * active * rows * row_tokens / (V5P64_CHIPS * V5P_FLOPS * train_mfu)
+        flops_per_s = V5P64_CHIPS * V5P_FLOPS * train_mfu
+        train[name] = 6 * active * rows * row_tokens * int(agent.passes) / flops_per_s
+        proximal[name] = 2 * active * rows * row_tokens / flops_per_s
         kv_per_token = 2 * model.n_layers * model.n_kv_heads * model.head_dim * 2  # K and V, bf16
         step_bytes = 2 * total + rows * (row_tokens / 2) * kv_per_token  # the KV half full on average
-        decode_step = step_bytes / (V5P64_CHIPS * V5P_HBM_BYTES_PER_S * decode_bandwidth)
-        calls = 1 + d if name == "main" else 1  # a main episode waits on its delegations
-        sample = generated_tokens * calls * decode_step
-        out.update({f"paper_{name}_training_s": train, f"paper_{name}_sampling_s": sample})
-        sync_s = max(sync_s, sample + train)  # the two agents' chips work in parallel; the slower one sets the pace
-        async_s = max(async_s, sample, train + proximal, utilisation * sample + train + proximal)
+        decode_step[name] = step_bytes / (V5P64_CHIPS * V5P_HBM_BYTES_PER_S * decode_bandwidth)
+    # A main episode decodes its own turns and waits on its d_max delegations, decoded on the sub-agent's chips.
+    sample = {"main": generated_tokens * (decode_step["main"] + d * decode_step["sub"]),
+              "sub": generated_tokens * d * decode_step["sub"]}
+    sync_s = async_s = 0.0
+    for name in ("main", "sub"):
+        out.update({f"paper_{name}_training_s": train[name], f"paper_{name}_sampling_s": sample[name]})
+        sync_s = max(sync_s, sample[name] + train[name])  # each agent on its own chips: the slower sets the pace
+        learner = train[name] + proximal[name]
+        async_s = max(async_s, sample[name], learner, utilisation * sample[name] + learner)
     out.update({"paper_v5p64_sync_step_s": sync_s, "paper_v5p64_async_step_s": async_s,
                 "paper_v5p64_wall_ratio": sync_s / async_s, "paper_slot_utilisation": utilisation,
                 "projection_model": f"roofline: train 6*N_active*tokens at MFU {train_mfu:.2f}, decode weights+KV at "
@@ -79,23 +84,23 @@ def paper_projection(utilisation: float, *, generated_tokens: int = 1024, row_to
     return out
 
 
-def run_phase(trainer, steps: int, warmup: int, sampler_busy, learner_waited) -> dict:
-    """`warmup` untimed RL steps, then `steps` timed ones: their wall time, per step, and the seconds the samplers
-    were busy and the learner waited on them (`sampler_busy()`, `learner_waited()`: running totals; None: the
-    synchronous step's, its `time/collect_s`)."""
+def run_phase(trainer, steps: int, warmup: int) -> dict:
+    """`warmup` untimed RL steps, then `steps` timed ones: their wall time, per step, the seconds of it the samplers
+    were busy (synchronous: each step's `time/collect_s`; asynchronous: the sampler thread's rollouts within the
+    timed window) and the seconds the learner waited for rollouts (the same as the samplers' busy time when
+    synchronous; the waits in `AsyncRollouts.take` when not)."""
     for _ in range(warmup):
         trainer.rl_step()
-    collected = [0.0]
-    if sampler_busy is None:
-        sampler_busy = learner_waited = lambda: collected[0]
-    busy_before, waited_before, start = sampler_busy(), learner_waited(), time.perf_counter()
+    rollouts, collected, waited = trainer.rollouts, 0.0, 0.0
+    start = time.perf_counter()
     for _ in range(steps):
         metrics = trainer.rl_step()
-        collected[0] += metrics["time/collect_s"]
+        collected += metrics["time/collect_s"]
+        waited += metrics.get("async/wait_s", metrics["time/collect_s"])
         print(f"rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
-    wall = time.perf_counter() - start
-    return {"wall_s": wall, "step_s": wall / steps, "sampler_busy_s": sampler_busy() - busy_before,
-            "waited_s": learner_waited() - waited_before}
+    end = time.perf_counter()
+    busy = collected if rollouts is None else rollouts.sampler_busy_s(start, end)
+    return {"wall_s": end - start, "step_s": (end - start) / steps, "sampler_busy_s": busy, "waited_s": waited}
 
 
 def main(argv=None) -> dict:
@@ -103,8 +108,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--preset", default="local")
     parser.add_argument("--warmstart-steps", type=warmstart_arg, default=100,
                         help="supervised steps per agent before RL (`preset`: the preset's own minimum)")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="untimed RL steps before each kind's timed ones")
-    parser.add_argument("--steps", type=int, default=4, help="timed RL steps of each kind")
+    parser.add_argument("--warmup-steps", type=int, default=1, help="untimed RL steps before each kind's timed ones")
+    parser.add_argument("--steps", type=int, default=3, help="timed RL steps of each kind")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--utilisation", type=float, default=SLOT_UTILISATION,
                         help="the projection's decode-slot utilisation (default: bench.rollout's on local)")
@@ -129,12 +134,10 @@ def main(argv=None) -> dict:
         trainer.warm_start()
         out["warmstart_s"] = time.perf_counter() - start
         rollouts, trainer.rollouts = trainer.rollouts, None  # the synchronous phase: the trainer's own loop
-        # Synchronous: the step's collect (`time/collect_s`) is the samplers' work and the learner's wait.
-        sync = run_phase(trainer, args.steps, args.warmup_steps, None, None)
+        sync = run_phase(trainer, args.steps, args.warmup_steps)
         trainer.rollouts = rollouts
         try:
-            asynchronous = run_phase(trainer, args.steps, args.warmup_steps, lambda: rollouts.sampler_busy_s,
-                                     lambda: rollouts.learner_wait_s)
+            asynchronous = run_phase(trainer, args.steps, args.warmup_steps)
         finally:
             trainer.stop_rollouts()
     for name, phase in (("sync", sync), ("async", asynchronous)):

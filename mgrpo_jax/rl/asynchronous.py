@@ -114,7 +114,8 @@ class AsyncRollouts:
         self._error: BaseException | None = None
         self._stop = False
         self.version = 0
-        self.sampler_busy_s = self.sampler_blocked_s = self.learner_wait_s = 0.0
+        self.sampler_blocked_s = self.learner_wait_s = 0.0
+        self._busy: list[tuple[float, float]] = []  # (start, end) of every rollout (`perf_counter`); end inf: running
 
     # -- the learner's side ------------------------------------------------------------------------------
 
@@ -206,6 +207,11 @@ class AsyncRollouts:
                 return self._positions[step]
             return self.feed.iterator.get_state()
 
+    def sampler_busy_s(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (`time.perf_counter` readings) the sampler spent rolling out."""
+        with self._cond:
+            return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self._busy)
+
     def close(self, step: int) -> None:
         """Stops the thread (after the rollout in flight) and drops what it sampled ahead; the feed goes back to
         step `step`'s questions."""
@@ -248,12 +254,15 @@ class AsyncRollouts:
 
     def _sample(self, step: int, questions) -> Sampled:
         restarts, start = 0, time.perf_counter()
+        with self._cond:
+            self._busy.append((start, float("inf")))
         while True:
             version = self.version
             collected = self.collector.collect(step, questions)
             if self.partial == "continue" or self.version == version or self._stop:
                 break
             restarts += 1  # new weights arrived during the rollout: sample the step again under them
-        seconds = time.perf_counter() - start
-        self.sampler_busy_s += seconds
-        return Sampled(collected, version, seconds, restarts)
+        end = time.perf_counter()
+        with self._cond:
+            self._busy[-1] = (start, end)
+        return Sampled(collected, version, end - start, restarts)

@@ -56,6 +56,19 @@ def test_staleness_zero_reproduces_the_synchronous_metrics(tmp_path):
         assert got["async/main/staleness_max"] == 0.0
 
 
+@pytest.mark.slow
+def test_a_resumed_run_at_staleness_zero_is_the_uninterrupted_one(tmp_path):
+    """A checkpoint records the feed before the next step's questions, not where the sampler had drawn to."""
+    Trainer(_config(steps=3, enabled=True, max_staleness=0), str(tmp_path / "straight")).run()
+    interrupted = str(tmp_path / "interrupted")
+    Trainer(_config(steps=1, enabled=True, max_staleness=0), interrupted).run()  # a checkpoint at step 1
+    Trainer(_config(steps=3, enabled=True, max_staleness=0), interrupted).run()  # resumes at step 1
+    straight, resumed = _rl_records(tmp_path / "straight"), _rl_records(interrupted)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for want, got in zip(straight, resumed, strict=True):
+        assert _compared(got) == _compared(want)
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     trainer = Trainer(_config(steps=1000, enabled=True, max_staleness=1, rollout_devices=2),
