@@ -280,7 +280,8 @@ def exchange_step(main: Store, sub: Store, step: int, data: StepData, *, rounds:
         if invocation >= data.d:  # more rounds than slots: fresh invocation ids beyond D
             tasks = [Record("task", step, t.query, t.rollout, invocation, main_version, t.payload) for t in tasks]
         for part in range(split):  # the invocation's delegations over `split` engine rounds
-            _exchange_round(main, sub, step, data, tasks[part::split], sub_version, phase, per_task)
+            if tasks[part::split]:
+                _exchange_round(main, sub, step, data, tasks[part::split], sub_version, phase, per_task)
     with phase("main_commit"):
         writer = main.step_writer(step, "main", main_version)
         writer.put_array("main_format_ok", data.format_ok)
