@@ -1,16 +1,18 @@
 """Synchronous vs asynchronous M-GRPO steps (`config.async_rl`, docs/async.md) in one run on 8 forced CPU devices.
 
-    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 1 + 3 steps of each kind
+    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 3 timed steps of each kind
     python -m mgrpo_jax.bench.overlap --quick    # smoke preset, 2-step warm start, 1 step of each kind: every path
 
 One `Trainer` of the preset with `async_rl.enabled` and `async_rl.rollout_devices = 2`: of the 8 devices, the main
 agent trains on 0-1 and samples on 2-3, the sub-agent trains on 4-5 and samples on 6-7. It warm-starts, then runs
 `--steps` synchronous RL steps (the trainer's own loop, each agent sampling and training on its training devices;
 the asynchronous sampler set aside), then `--steps` asynchronous ones (the sampler thread on the sampling devices,
-`--max-staleness` versions ahead), each after `--warmup-steps` untimed ones (their compiles). Per kind it reports
-the wall time per RL step and the busy shares of the wall time: the samplers' (whole-system rollouts and their
-judges) and the learners' (credit, rows, correction, updates, weight pushes: the step less its wait for rollouts).
-`wall_ratio` is the synchronous step's wall time over the asynchronous one's (> 1: the overlap is faster).
+`--max-staleness` versions ahead), each after untimed ones until one compiles nothing (at most
+`--max-warmup-steps`). Per kind it reports the median wall time of an RL step (`*_step_s`; the mean beside it, and
+the compiles the timed steps still ran) and the busy shares of the timed wall time: the samplers' (whole-system
+rollouts and their judges) and the learners' (credit, rows, correction, updates, weight pushes: the steps less
+their waits for rollouts). `wall_ratio` is the synchronous step's median wall time over the asynchronous one's
+(> 1: the overlap is faster).
 
 The last stdout line also holds a projection for the `paper` preset on v5p-64 (`paper_*`, `projection_model`), from
 the model in `paper_projection`: phase times from a roofline of the preset's sizes, the overlap from the slot
@@ -20,12 +22,13 @@ utilisation bench.rollout measured. It is a model, not a measurement: docs/async
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
 from mgrpo_jax.bench.common import emit, host_devices, parse_sized, warmstart_arg
 
-QUICK = ["--preset", "smoke", "--warmstart-steps", "2", "--warmup-steps", "0", "--steps", "1"]
+QUICK = ["--preset", "smoke", "--warmstart-steps", "2", "--max-warmup-steps", "1", "--steps", "1"]
 DEVICES, ROLLOUT_DEVICES = 8, 2
 # The slot engine's decode-slot utilisation (sampled tokens / slot steps) that `python -m mgrpo_jax.bench.rollout
 # --workload=local --local-warmstart-steps preset` measured on 500-step agents (docs/benchmarks.md, issue 37).
@@ -84,23 +87,28 @@ def paper_projection(utilisation: float, *, generated_tokens: int = 1024, row_to
     return out
 
 
-def run_phase(trainer, steps: int, warmup: int) -> dict:
-    """`warmup` untimed RL steps, then `steps` timed ones: their wall time, per step, the seconds of it the samplers
-    were busy (synchronous: each step's `time/collect_s`; asynchronous: the sampler thread's rollouts within the
-    timed window) and the seconds the learner waited for rollouts (the same as the samplers' busy time when
-    synchronous; the waits in `AsyncRollouts.take` when not)."""
-    for _ in range(warmup):
-        trainer.rl_step()
-    rollouts, collected, waited = trainer.rollouts, 0.0, 0.0
+def run_phase(trainer, timer, steps: int, most_warmup: int, label: str) -> dict:
+    """Untimed RL steps until one compiles nothing (at most `most_warmup`), then `steps` timed ones: their wall
+    times, the seconds of them the samplers were busy (synchronous: each step's `time/collect_s`; asynchronous: the
+    sampler thread's rollouts within the timed window), the seconds the learner waited for rollouts (synchronous:
+    the same; asynchronous: its waits in `AsyncRollouts.take`) and the compiles the timed steps still ran."""
+    from mgrpo_jax.bench.rollout import warm_up
+
+    warm = warm_up(trainer, timer, 1, most_warmup, quiet=1, label=f"{label} untimed")
+    rollouts, collected, waited, walls = trainer.rollouts, 0.0, 0.0, []
     start = time.perf_counter()
     for _ in range(steps):
+        began = time.perf_counter()
         metrics = trainer.rl_step()
+        walls.append(time.perf_counter() - began)
         collected += metrics["time/collect_s"]
         waited += metrics.get("async/wait_s", metrics["time/collect_s"])
-        print(f"rl step {trainer.step}: {metrics['time/step_s']:.2f} s", flush=True)
+        print(f"{label} rl step {trainer.step}: {walls[-1]:.2f} s", flush=True)
     end = time.perf_counter()
     busy = collected if rollouts is None else rollouts.sampler_busy_s(start, end)
-    return {"wall_s": end - start, "step_s": (end - start) / steps, "sampler_busy_s": busy, "waited_s": waited}
+    return {"wall_s": end - start, "step_s": statistics.median(walls), "step_mean_s": (end - start) / steps,
+            "sampler_busy_s": busy, "waited_s": waited, "compiles": timer.compiles,
+            "warmup_steps": warm["warmup_steps_run"]}
 
 
 def main(argv=None) -> dict:
@@ -108,7 +116,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--preset", default="local")
     parser.add_argument("--warmstart-steps", type=warmstart_arg, default=100,
                         help="supervised steps per agent before RL (`preset`: the preset's own minimum)")
-    parser.add_argument("--warmup-steps", type=int, default=1, help="untimed RL steps before each kind's timed ones")
+    parser.add_argument("--max-warmup-steps", type=int, default=3,
+                        help="untimed RL steps before each kind's timed ones, until one compiles nothing")
     parser.add_argument("--steps", type=int, default=3, help="timed RL steps of each kind")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--utilisation", type=float, default=SLOT_UTILISATION,
@@ -116,10 +125,11 @@ def main(argv=None) -> dict:
     args = parse_sized(parser, argv, QUICK)
     devices = host_devices(DEVICES)
 
-    from mgrpo_jax.bench.rollout import prepare_config
+    from mgrpo_jax.bench.rollout import ComputeTimer, prepare_config
     from mgrpo_jax.rl.trainer import Trainer
+    from mgrpo_jax.sampling import observe
 
-    total = 2 * (args.warmup_steps + args.steps)
+    total = 2 * (args.max_warmup_steps + args.steps)
     config, warm = prepare_config("xbench", args.preset, args.warmstart_steps, total, "bench-overlap")
     config.train.eval_every, config.train.eval_at_start = 0, False
     config.async_rl.enabled, config.async_rl.max_staleness = True, args.max_staleness
@@ -134,17 +144,19 @@ def main(argv=None) -> dict:
         trainer.warm_start()
         out["warmstart_s"] = time.perf_counter() - start
         rollouts, trainer.rollouts = trainer.rollouts, None  # the synchronous phase: the trainer's own loop
-        sync = run_phase(trainer, args.steps, args.warmup_steps)
-        trainer.rollouts = rollouts
-        try:
-            asynchronous = run_phase(trainer, args.steps, args.warmup_steps)
-        finally:
-            trainer.stop_rollouts()
+        with observe(ComputeTimer()) as timer:
+            sync = run_phase(trainer, timer, args.steps, args.max_warmup_steps, "sync")
+            trainer.rollouts = rollouts
+            try:
+                asynchronous = run_phase(trainer, timer, args.steps, args.max_warmup_steps, "async")
+            finally:
+                trainer.stop_rollouts()
     for name, phase in (("sync", sync), ("async", asynchronous)):
         wall = phase["wall_s"]
-        learner = wall - phase["waited_s"]
-        out.update({f"{name}_step_s": phase["step_s"], f"{name}_sampler_busy_share": phase["sampler_busy_s"] / wall,
-                    f"{name}_learner_busy_share": learner / wall})
+        out.update({f"{name}_step_s": phase["step_s"], f"{name}_step_mean_s": phase["step_mean_s"],
+                    f"{name}_sampler_busy_share": phase["sampler_busy_s"] / wall,
+                    f"{name}_learner_busy_share": (wall - phase["waited_s"]) / wall,
+                    f"{name}_timed_compiles": phase["compiles"], f"{name}_warmup_steps": phase["warmup_steps"]})
     out["wall_ratio"] = sync["step_s"] / asynchronous["step_s"]
     out.update(paper_projection(args.utilisation))
     emit(out)
