@@ -153,11 +153,17 @@ def test_groups_hold_one_question_and_tokens_their_versions(trainer):
             assert sampled and sampled <= {2, 3}  # sampled under version 3 - max_staleness or newer
 
 
-@pytest.mark.parametrize("mode", ["shared_mgrpo", "single_agent"])
-def test_other_modes_run_asynchronously(tmp_path, mode):
-    summary = Trainer(_config(mode, steps=2, enabled=True, max_staleness=1), str(tmp_path)).run()
-    learner = "shared" if mode == "shared_mgrpo" else "single"
+@pytest.mark.parametrize("mode,partial", [("shared_mgrpo", "continue"), ("single_agent", "continue"),
+                                          ("matpo", "continue"), ("frozen_sub", "restart")])
+def test_other_modes_run_asynchronously(tmp_path, mode, partial):
+    """A shared model's pooled rows (matpo's bucketed real calls among them) with per-token advantages, the single
+    agent, a frozen sub-agent, and rollouts restarted when new weights arrive."""
+    config = _config(mode, steps=3, enabled=True, max_staleness=1, partial_rollouts=partial)
+    summary = Trainer(config, str(tmp_path)).run()
+    learner = {"shared_mgrpo": "shared", "matpo": "shared", "single_agent": "single"}.get(mode, "main")
     assert summary[f"async/{learner}/staleness_max"] <= 1
+    if partial == "restart":  # all of a step's tokens have the one version it was (re)sampled under
+        assert summary["async/main/stale_share"] in (0.0, 1.0)
 
 
 def test_decoupled_jobs_and_the_unsync_fifo_are_refused_by_name():
