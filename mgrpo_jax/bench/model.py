@@ -4,6 +4,7 @@
     python -m mgrpo_jax.bench.model --quick    # tiny sizes, seconds (what the test runs)
     python -m mgrpo_jax.bench.model --shape=moe  # the mixture-of-experts shape 'bench-moe' vs HF Qwen3-MoE
     python -m mgrpo_jax.bench.model --full     # the long version: 3 rounds, decode at batch 64 too
+    python -m mgrpo_jax.bench.model --shape=qwen3-0.6b  # random weights at Qwen3-0.6B's shape, sized for a GPU
 
 The default runs in a few minutes on 2 cores (docs/benchmarks.md has the wall times): the workloads of the figures
 of record at their sizes, in 2 rounds, decode at batch 32 only (``--shape=moe``: one round, 128 new tokens); ``--full``
@@ -54,6 +55,20 @@ per-round ratios, so load from other processes that drifts during the run hits b
 * ``peak_memory_gb``: the process's peak resident memory (``ru_maxrss``) once our workloads have been built,
   compiled and run once, before the peer is loaded (it includes the Python/JAX runtime itself).
 
+``--shape=qwen3-0.6b`` (issue 37 item 5): the preset ``qwen3-0.6b`` (28 layers, d_model 1,024, 16 query / 8 KV
+heads, head_dim 128, MLP 3,072, vocab 151,936, tied embeddings, bfloat16 compute over float32 parameters) with random
+weights, sized for one GPU (``QWEN3_06B``): decode at batch 64, prompt 128, 128 new tokens; train 8 x 1,024 in one
+micro-batch; 3 rounds; the matmul peak an 8,192^2 matmul in the model's compute dtype (bfloat16), so ``train_mfu``
+is against the bf16 peak. On CPU it runs too, slowly: ``--quick`` keeps the shape's widths at 1 layer and vocab 256,
+and ``--decode-batch`` / ``--new-tokens`` / ``--prompt-len`` / ``--train-batch`` / ``--train-seq`` shrink the sizes.
+``launch/device_bench.sh`` runs it on a lent GPU.
+
+Devices. JAX runs on its default backend; on a GPU (any backend but CPU) our decode uses one device unless
+``--decode-devices`` says otherwise. The peer runs on CUDA when torch sees a GPU, else on the CPU with 2 threads;
+the JSON states both (``device``: JAX's first device's kind, ``hf_device``) and the peer's precision
+(``hf_dtype``: float32, or float32 parameters under bfloat16 autocast for a bfloat16 shape, as ours), and the
+peak's (``matmul_dtype``).
+
 The last stdout line is one JSON object (see ``emit``).
 """
 
@@ -103,13 +118,20 @@ class BenchSizes:  # the defaults: --full's sizes (DEFAULT is a cut of them)
 # slows most (23x beside one training job: its 2 OpenMP threads wait on each other), 107 s a round at 256 tokens.
 DEFAULT = BenchSizes(decode_batches=(32,), repeats=2)
 MOE_DEFAULT = dataclasses.replace(DEFAULT, repeats=1, new_tokens=128)
+# --shape=qwen3-0.6b: a realistic shape, sized for one GPU (issue 37 item 5); --full: decode at batch 256 too, 5 rounds.
+QWEN3_06B = BenchSizes(preset="qwen3-0.6b", decode_batches=(64,), prompt_len=128, new_tokens=128, train_batch=8,
+                       train_seq=1024, hf_decode_batch=64, matmul_n=8192, repeats=3, decode_phases=8,
+                       decode_devices=0, train_micro_batches=1)
+QWEN3_06B_FULL = dataclasses.replace(QWEN3_06B, decode_batches=(64, 256), repeats=5)
 FULL = BenchSizes()
 QUICK = BenchSizes(preset="tiny", decode_batches=(2,), prompt_len=8, new_tokens=8, train_batch=2,
                    train_seq=16, hf_decode_batch=2, matmul_n=256, repeats=1, decode_phases=2,
                    decode_devices=2, train_micro_batches=2, overrides=(("n_layers", 1), ("vocab_size", 256)))
 # --shape=moe: the MoE preset, then the dense preset of equal active parameters (ours only).
-SHAPES = {"dense": ("bench", None), "moe": ("bench-moe", "bench")}
-QUICK_SHAPES = {"dense": ("tiny", None), "moe": ("qwen3-moe-tiny", "tiny")}
+SHAPES = {"dense": ("bench", None), "moe": ("bench-moe", "bench"), "qwen3-0.6b": ("qwen3-0.6b", None)}
+# --quick: the qwen3-0.6b shape keeps its widths (heads, head_dim, MLP, tied embeddings, bf16) at QUICK's 1 layer and
+# vocab 256.
+QUICK_SHAPES = {"dense": ("tiny", None), "moe": ("qwen3-moe-tiny", "tiny"), "qwen3-0.6b": ("qwen3-0.6b", None)}
 # The MoE run's figures under these names (the dense run's get "dense_" before theirs).
 MOE_KEYS = {"train_tokens_per_s": "moe_train_tokens_per_s", "hf_train_tokens_per_s": "hf_moe_train_tokens_per_s",
             "decode_tokens_per_s": "moe_decode_tokens_per_s", "hf_decode_tokens_per_s": "hf_moe_decode_tokens_per_s",
@@ -119,10 +141,11 @@ MOE_KEYS = {"train_tokens_per_s": "moe_train_tokens_per_s", "hf_train_tokens_per
 # --------------------------------------------------------------------------------------------- peak
 
 
-def matmul_peak_fn(n: int = 2048, repeats: int = 5) -> Callable[[], float]:
-    """A function that measures the best float32 FLOP/s of a jitted n x n @ n x n matmul (compiled once)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_peak_fn(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> Callable[[], float]:
+    """A function that measures the best FLOP/s of a jitted n x n @ n x n matmul in ``dtype`` (float32 unless the
+    model computes in another; compiled once)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
     f = jax.jit(jnp.matmul)
     jax.block_until_ready(f(a, b))
 
@@ -287,26 +310,49 @@ def hf_config(cfg):
                           decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers))
 
 
+def hf_device() -> str:
+    """The peer's device, chosen once: ``cuda`` when torch sees a GPU, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def hf_precision(cfg) -> str:
+    """The peer's precision: float32, or float32 parameters under bfloat16 autocast when our model computes in
+    bfloat16 (ours keeps float32 parameters and computes in bfloat16 too)."""
+    return "float32" if cfg.dtype == "float32" else f"float32+autocast_{cfg.dtype}"
+
+
 def setup_hf(cfg, sizes: BenchSizes, threads: int = 2) -> tuple[list[Case], dict]:
-    """The peer: ``transformers`` Qwen3 (Qwen3-MoE for an MoE shape) of the same shape on PyTorch CPU, warmed
-    up."""
+    """The peer: ``transformers`` Qwen3 (Qwen3-MoE for an MoE shape) of the same shape on PyTorch (CUDA when torch
+    sees a GPU, else the CPU), warmed up."""
+    import contextlib
+
     import torch
     from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
+    device = hf_device()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    info: dict = {"hf_threads": threads, "torch_version": torch.__version__}
-    model = (Qwen3MoeForCausalLM if cfg.num_experts else Qwen3ForCausalLM)(hf_config(cfg)).float()
+    info: dict = {"hf_threads": threads, "torch_version": torch.__version__, "hf_device": device,
+                  "hf_dtype": hf_precision(cfg)}
+    if device == "cuda":
+        info["hf_device"] = f"cuda ({torch.cuda.get_device_name(0)})"
+    model = (Qwen3MoeForCausalLM if cfg.num_experts else Qwen3ForCausalLM)(hf_config(cfg)).float().to(device)
+    autocast = (contextlib.nullcontext if cfg.dtype == "float32" else
+                functools.partial(torch.autocast, device_type=device, dtype=getattr(torch, cfg.dtype)))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rng = np.random.default_rng(0)
     B, P, N = sizes.hf_decode_batch, sizes.prompt_len, sizes.new_tokens
-    prompts = torch.tensor(rng.integers(0, cfg.vocab_size, size=(B, P)), dtype=torch.long)
+    prompts = torch.tensor(rng.integers(0, cfg.vocab_size, size=(B, P)), dtype=torch.long, device=device)
     mask = torch.ones_like(prompts)
 
     def gen(n=N):
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             seq = model.generate(input_ids=prompts, attention_mask=mask, do_sample=True, temperature=1.0,
                                  top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
+        sync()
         assert seq.shape == (B, P + n)
         return seq
 
@@ -314,11 +360,12 @@ def setup_hf(cfg, sizes: BenchSizes, threads: int = 2) -> tuple[list[Case], dict
 
     Bt, T = sizes.train_batch, sizes.train_seq
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    tokens = torch.tensor(rng.integers(0, cfg.vocab_size, size=(Bt, T)), dtype=torch.long)
+    tokens = torch.tensor(rng.integers(0, cfg.vocab_size, size=(Bt, T)), dtype=torch.long, device=device)
 
     def step():
         model.train()
-        loss = model(input_ids=tokens, labels=tokens).loss
+        with autocast():
+            loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -339,6 +386,7 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         "backend": jax.default_backend(),
         "cpu": platform.processor() or platform.machine(),
         "jax_version": jax.__version__,
+        "device": jax.devices()[0].device_kind,
         "decode_batch": sizes.decode_batches[0],
         "prompt_len": sizes.prompt_len,
         "new_tokens": sizes.new_tokens,
@@ -362,7 +410,8 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
         names += [c.name for c in cases if c.name not in names]
         cases = [order[n] for n in names]
 
-    peak_fn = matmul_peak_fn(sizes.matmul_n)
+    peak_fn = matmul_peak_fn(sizes.matmul_n, dtype=cfg.compute_dtype)
+    figures["matmul_dtype"] = str(cfg.compute_dtype)
     times: dict[str, list[float]] = {c.name: [] for c in cases}
     peaks: list[float] = []
     for _ in range(sizes.repeats):
@@ -404,12 +453,17 @@ def run(sizes: BenchSizes, *, hf: bool = True) -> dict:
     else:
         figures["hf_decode_tokens_per_s"] = None
         figures["hf_train_tokens_per_s"] = None
+        figures["hf_device"] = None
     return figures
 
 
 def choose_sizes(shape: str, *, quick: bool = False, full: bool = False) -> BenchSizes:
     """The sizes a command runs (before its flags' overrides): --quick's, --full's, or the default for the shape."""
-    return QUICK if quick else FULL if full else MOE_DEFAULT if shape == "moe" else DEFAULT
+    if quick:
+        return QUICK
+    if shape == "qwen3-0.6b":
+        return QWEN3_06B_FULL if full else QWEN3_06B
+    return FULL if full else MOE_DEFAULT if shape == "moe" else DEFAULT
 
 
 def main(argv=None) -> dict:
@@ -419,7 +473,8 @@ def main(argv=None) -> dict:
                         help="the long version: 3 rounds, decode at batch 32 and 64; with --shape=moe, our dense "
                              "shape after the MoE pair")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="dense",
-                        help="dense: the bench shape; moe: bench-moe against HF Qwen3-MoE, then dense bench")
+                        help="dense: the bench shape; moe: bench-moe against HF Qwen3-MoE, then dense bench; "
+                             "qwen3-0.6b: random weights at Qwen3-0.6B's shape, sized for a GPU")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--decode-phases", type=int, default=None,
@@ -429,13 +484,24 @@ def main(argv=None) -> dict:
                              "device, its matmuls threaded over the cores)")
     parser.add_argument("--train-micro-batches", type=int, default=None,
                         help="micro-batches the train step accumulates over (1: the whole batch at once)")
+    parser.add_argument("--decode-batch", type=int, default=None, help="our decode batch and the peer's (one batch)")
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--train-batch", type=int, default=None, help="rows of the train step's batch")
+    parser.add_argument("--train-seq", type=int, default=None, help="tokens per row of the train step's batch")
     args = parser.parse_args(argv)
     if args.quick and args.full:
         parser.error("--quick and --full: one or the other")
     sizes = choose_sizes(args.shape, quick=args.quick, full=args.full)
+    if args.decode_batch is not None:
+        if args.decode_batch < 1:
+            parser.error(f"--decode-batch must be >= 1, got {args.decode_batch}")
+        sizes = dataclasses.replace(sizes, decode_batches=(args.decode_batch,), hf_decode_batch=args.decode_batch)
     for field, value in (("repeats", args.repeats), ("decode_phases", args.decode_phases),
                          ("decode_devices", args.decode_devices),
-                         ("train_micro_batches", args.train_micro_batches)):
+                         ("train_micro_batches", args.train_micro_batches), ("prompt_len", args.prompt_len),
+                         ("new_tokens", args.new_tokens), ("train_batch", args.train_batch),
+                         ("train_seq", args.train_seq)):
         if value is not None:
             if value < 1:
                 parser.error(f"--{field.replace('_', '-')} must be >= 1, got {value}")
@@ -443,8 +509,12 @@ def main(argv=None) -> dict:
     cores = os.cpu_count() or 1
     host_devices(sizes.decode_devices or cores)  # before JAX runs anything
     preset, dense_preset = (QUICK_SHAPES if args.quick else SHAPES)[args.shape]
-    # Default decode devices: one per core for the dense shape; one for the MoE shape, whose decode step is bound by
-    # reading the experts' weights, which every device of a split batch reads in full.
+    # Default decode devices: one per core for the dense shapes; one for the MoE shape, whose decode step is bound by
+    # reading the experts' weights, which every device of a split batch reads in full; one on a GPU.
+    if jax.default_backend() != "cpu":
+        cores = 1
+        if args.decode_devices is None:  # --quick's 2 CPU devices: one GPU
+            sizes = dataclasses.replace(sizes, decode_devices=0)
     shape_devices = 1 if args.shape == "moe" else cores
     figures = run(dataclasses.replace(sizes, preset=preset, decode_devices=sizes.decode_devices or shape_devices),
                   hf=not args.no_hf)

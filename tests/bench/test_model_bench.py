@@ -46,3 +46,28 @@ def test_the_default_is_a_cut_of_the_full_sizes():
     # train step) at their sizes.
     assert dataclasses.replace(dense, decode_batches=full.decode_batches, repeats=full.repeats) == full
     assert bench.choose_sizes("moe", quick=True) == bench.QUICK
+
+
+def test_qwen3_06b_shape_sizes_resolve():
+    sizes = bench.choose_sizes("qwen3-0.6b")
+    assert sizes == bench.QWEN3_06B and sizes.preset == "qwen3-0.6b" and sizes.overrides == ()
+    assert (sizes.decode_batches, sizes.hf_decode_batch, sizes.prompt_len, sizes.new_tokens) == ((64,), 64, 128, 128)
+    assert (sizes.train_batch, sizes.train_seq, sizes.train_micro_batches) == (8, 1024, 1)
+    assert bench.choose_sizes("qwen3-0.6b", full=True).decode_batches == (64, 256)
+    assert bench.choose_sizes("qwen3-0.6b", quick=True) == bench.QUICK
+    assert bench.SHAPES["qwen3-0.6b"] == bench.QUICK_SHAPES["qwen3-0.6b"] == ("qwen3-0.6b", None)
+    cfg = bench.get_model_config(sizes.preset)
+    assert 0.5e9 < cfg.num_params() < 0.8e9  # 0.6B with the tied embedding counted once
+    assert str(cfg.compute_dtype) == "bfloat16"
+
+
+def test_hf_peer_of_qwen3_06b_has_the_same_shape():
+    pytest.importorskip("transformers")
+    cfg = bench.get_model_config("qwen3-0.6b")
+    hf = bench.hf_config(cfg)
+    assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim,
+            hf.intermediate_size, hf.vocab_size) == (28, 1024, 16, 8, 128, 3072, 151_936)
+    assert hf.tie_word_embeddings is True and hf.rms_norm_eps == 1e-6
+    assert bench.hf_precision(cfg) == "float32+autocast_bfloat16"
+    assert bench.hf_precision(bench.get_model_config("bench")) == "float32"
+    assert bench.hf_device() in ("cpu", "cuda")
