@@ -1,6 +1,7 @@
 """Synchronous vs asynchronous M-GRPO steps (`config.async_rl`, docs/async.md) in one run on 8 forced CPU devices.
 
-    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 3 timed steps of each kind
+    python -m mgrpo_jax.bench.overlap            # local preset, 100 warm-start steps, 2 timed steps of each kind
+    python -m mgrpo_jax.bench.overlap --full     # 3 timed steps of each kind after up to 6 untimed ones
     python -m mgrpo_jax.bench.overlap --quick    # smoke preset, 2-step warm start, 1 step of each kind: every path
 
 One `Trainer` of the preset with `async_rl.enabled` and `async_rl.rollout_devices = 2`: of the 8 devices, the main
@@ -29,6 +30,8 @@ import time
 from mgrpo_jax.bench.common import emit, host_devices, parse_sized, warmstart_arg
 
 QUICK = ["--preset", "smoke", "--warmstart-steps", "2", "--max-warmup-steps", "1", "--steps", "1"]
+# The default (2 untimed and 2 timed steps of each kind) runs in about 3 minutes on 2 cores; --full is longer.
+FULL = ["--max-warmup-steps", "6", "--steps", "3"]
 DEVICES, ROLLOUT_DEVICES = 8, 2
 # The slot engine's decode-slot utilisation (sampled tokens / slot steps) that `python -m mgrpo_jax.bench.rollout
 # --workload=local --local-warmstart-steps preset` measured on 500-step agents (docs/benchmarks.md, issue 37).
@@ -116,13 +119,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--preset", default="local")
     parser.add_argument("--warmstart-steps", type=warmstart_arg, default=100,
                         help="supervised steps per agent before RL (`preset`: the preset's own minimum)")
-    parser.add_argument("--max-warmup-steps", type=int, default=3,
+    parser.add_argument("--max-warmup-steps", type=int, default=2,
                         help="untimed RL steps before each kind's timed ones, until one compiles nothing")
-    parser.add_argument("--steps", type=int, default=3, help="timed RL steps of each kind")
+    parser.add_argument("--steps", type=int, default=2, help="timed RL steps of each kind")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--utilisation", type=float, default=SLOT_UTILISATION,
                         help="the projection's decode-slot utilisation (default: bench.rollout's on local)")
-    args = parse_sized(parser, argv, QUICK)
+    args = parse_sized(parser, argv, QUICK, FULL)
     devices = host_devices(DEVICES)
 
     from mgrpo_jax.bench.rollout import ComputeTimer, prepare_config
