@@ -62,7 +62,8 @@ runs compiled nothing), then pairs of timed runs, one of each engine back to bac
 ``--local-repeats`` on the compact one):
 
 * the long scripted workload, paper-shaped, on a random-weights model (``--long-model`` with ``--long-overrides``;
-  one agent): ``--long-episodes`` (8; ``--full`` 24) episodes of 3-5 tool turns (``--long-turns-min/max``; 9-14)
+  one agent; ``--long-model qwen3-0.6b --long-overrides ''`` is Qwen3-0.6B's own shape, for a GPU):
+  ``--long-episodes`` (8; ``--full`` 24) episodes of 3-5 tool turns (``--long-turns-min/max``; 9-14)
   then an answer, each turn sampling a log-uniform 16 to ``--long-max-turn`` (256; 512, the ``max_turn_tokens``)
   tokens, each tool response a log-uniform 100-400 tokens (``--long-response-min/max``; 100-1,000: a page or a list
   of results), in a context budget of ``--long-context`` (2,048; 8,192) tokens: contexts of about 1k-2k tokens
@@ -750,7 +751,9 @@ def parse_args(argv=None):
     p.add_argument("--long-response-min", type=int, default=100, help="tool response tokens, least")
     p.add_argument("--long-response-max", type=int, default=400, help="tool response tokens, most")
     p.add_argument("--long-context", type=int, default=2048, help="context budget of the long workload's agent")
-    p.add_argument("--long-model", default="tiny")
+    p.add_argument("--long-model", default="tiny",
+                   help="the long workload's model preset, any of mgrpo_jax.model.shapes (qwen3-0.6b with "
+                        "--long-overrides '' is Qwen3-0.6B's own shape: launch/device_bench.sh runs it on a GPU)")
     # attn_chunk: the lock-step engine's prefill of 24 rows x 8,192 tokens would hold 30+ GB of attention scores
     p.add_argument("--long-overrides", default="d_model=64,n_layers=2,n_heads=2,n_kv_heads=1,head_dim=16,mlp_dim=256,"
                                                "vocab_size=512,attn_chunk=512")

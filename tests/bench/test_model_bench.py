@@ -71,3 +71,19 @@ def test_hf_peer_of_qwen3_06b_has_the_same_shape():
     assert bench.hf_precision(cfg) == "float32+autocast_bfloat16"
     assert bench.hf_precision(bench.get_model_config("bench")) == "float32"
     assert bench.hf_device() in ("cpu", "cuda")
+
+
+def test_qwen3_06b_has_the_peers_parameter_count():
+    # Shapes only (HF on torch's meta device, ours under eval_shape): 596,049,920 parameters each, Qwen3-0.6B's.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import jax
+    from flax import nnx
+    from transformers import Qwen3ForCausalLM
+
+    cfg = bench.get_model_config("qwen3-0.6b")
+    with torch.device("meta"):
+        hf = Qwen3ForCausalLM(bench.hf_config(cfg))
+    ours = nnx.state(nnx.eval_shape(lambda: bench.Transformer(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    assert sum(p.numel() for p in hf.parameters()) == sum(x.size for x in jax.tree.leaves(ours)) == cfg.num_params()
+    assert cfg.num_params() == 596_049_920

@@ -89,3 +89,15 @@ def test_timed_runs_warm_up_until_nothing_compiles_then_take_the_median_of_the_t
     assert seconds == statistics.median(info["run_s_samples"])
     # Each timed run after a reset; the result is the last run's.
     assert calls == ["run", "run", "reset", "run", "reset", "run", "reset", "run"] and result == len(calls)
+
+
+def test_the_long_workload_takes_any_preset_and_empty_overrides():
+    # The GPU command of launch/device_bench.sh: Qwen3-0.6B's own shape, no overrides.
+    args = bench.parse_args(["--workload=long", "--skip-local", "--long-model", "qwen3-0.6b", "--long-overrides", ""])
+    assert (args.long_model, args.long_overrides, args.skip_local) == ("qwen3-0.6b", "", True)
+    assert bench._overrides(args.long_overrides) == {}
+    cfg = bench.get_model_config(args.long_model, **bench._overrides(args.long_overrides))
+    assert (cfg.n_layers, cfg.d_model, cfg.vocab_size, cfg.head_dim) == (28, 1024, 151_936, 128)
+    # Its CPU rehearsal (DEVICE_BENCH_QUICK=1): --quick's tiny overrides on the same preset.
+    quick = bench.parse_args(["--workload=long", "--quick", "--skip-local", "--long-model", "qwen3-0.6b"])
+    assert bench._overrides(quick.long_overrides) == {"n_layers": 1, "vocab_size": 256, "d_model": 32}
