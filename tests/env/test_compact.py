@@ -11,9 +11,9 @@ from mgrpo_jax import config
 from mgrpo_jax.config import get_config
 from mgrpo_jax.env.build import noise_config
 from mgrpo_jax.env.compact import CompactNoise, build_compact_environment, compact_success
+from mgrpo_jax.env.compact import world as world_module
 from mgrpo_jax.env.compact.grammar import COMPACT, NONE, OPEN_TAGS, TAGS, render_answer, render_call
 from mgrpo_jax.env.compact.questions import pose_in, quotas
-from mgrpo_jax.env.compact import world as world_module
 from mgrpo_jax.env.compact.world import FACTS, generate_compact_world
 from mgrpo_jax.env.grammar import CHAT, trajectory_format_ok
 from mgrpo_jax.env.prompts import ASSISTANT, MAIN, SINGLE, SUB
