@@ -602,8 +602,8 @@ ASYNC_PARTIAL_ROLLOUTS = ("continue", "restart")
 ASYNC_CORRECTIONS = ("decoupled", "none")
 
 
-def _check_async(p: _Problems, job: str | None) -> None:
-    """`async_rl.*`: its values, and the modes and jobs the asynchronous loop does not run yet."""
+def _check_async(p: _Problems) -> None:
+    """`async_rl.*`: its values, and the mode the asynchronous loop does not run."""
     if "async_rl" not in p.config:  # a config from before the block: synchronous
         return
     p.number("async_rl.max_staleness", 0)
@@ -613,9 +613,6 @@ def _check_async(p: _Problems, job: str | None) -> None:
     p.choice("async_rl.correction", ASYNC_CORRECTIONS)
     if not p.get("async_rl.enabled"):
         return
-    if job in ("main", "sub"):
-        p.add("async_rl.enabled", True, f"not yet with --role={job}: the decoupled jobs already overlap the agents; "
-              "run colocated for a sampler beside each learner")
     if p.get("mode") == "mgrpo_unsync":
         p.add("async_rl.enabled", True, "not with mode mgrpo_unsync: its sub-agent trains from its own FIFO, whose "
               "records carry no per-token versions to correct")
@@ -732,7 +729,7 @@ def validate(config, job: str | None = None) -> None:
         p.add("decoupled.keep_steps", keep, f"must be >= decoupled.max_lag + 1 = {max_lag + 1} (the main job at "
               "step s may still read what the sub job wrote at step s - max_lag)")
 
-    _check_async(p, job)
+    _check_async(p)
 
     if job is not None and job not in JOBS:
         p.add("role", job, f"not one of {', '.join(JOBS)}{_did_you_mean(job, JOBS)}")

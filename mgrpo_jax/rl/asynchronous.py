@@ -29,6 +29,7 @@ are dropped with the thread, and the resumed run samples them again under the re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -90,22 +91,24 @@ class Sampled:
 class AsyncRollouts:
     """The sampler thread and its bounded hand-over to the learner (the module's docstring)."""
 
-    def __init__(self, config, system, feed, workdir: str, transcripts: int):
+    def __init__(self, config, system, feed, workdir: str, transcripts: int, sub_executor=None):
+        """`sub_executor`: where the samplers' delegations go when the sub-agent is another job's (the decoupled
+        main job's `MainExchange.delegation()`); None: this job's own sub-agent sampler."""
         cfg = config.async_rl
         self.config, self.feed = config, feed
         self.max_staleness, self.partial = int(cfg.max_staleness), cfg.partial_rollouts
         self.correction, self.is_cap = cfg.correction, float(cfg.is_cap)
-        self.learners = system.learners
-        devices = agent_rollout_devices(config)
+        self.learners, self.sub_executor = system.learners, sub_executor
+        devices = agent_rollout_devices(config, only=tuple(system.agents))
         self.samplers, self.shardings = {}, {}
         for name, learner in self.learners.items():
             section = MAIN if name == SHARED else name
             self.samplers[name], self.shardings[name] = rollout_sampler(learner, devices.get(section))
         agents = {agent: RolloutAgent(self.samplers[learner.name], learner.tokenizer)
                   for agent, learner in system.agents.items()}
-        env = build_environment(config)  # its own: a step posed in a twin must not reach the evaluation's world
-        engine = build_engine(config, system.tokenizer, env, agents)
-        self.collector = MainSide(system.agents[system.top_name], engine, env, config, workdir, transcripts)
+        self.env = build_environment(config)  # its own: a step posed in a twin must not reach the evaluation's world
+        self.engine = build_engine(config, system.tokenizer, self.env, agents, sub_executor)
+        self.collector = self._collector(system, workdir, transcripts)
         self._logprob_fns: dict = {}
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -116,6 +119,10 @@ class AsyncRollouts:
         self.version = 0
         self.sampler_blocked_s = self.learner_wait_s = 0.0
         self._busy: list[tuple[float, float]] = []  # (start, end) of every rollout (`perf_counter`); end inf: running
+
+    def _collector(self, system, workdir: str, transcripts: int):
+        """What samples a step: the top agent's side, on the samplers' engine."""
+        return MainSide(system.agents[system.top_name], self.engine, self.env, self.config, workdir, transcripts)
 
     # -- the learner's side ------------------------------------------------------------------------------
 
@@ -254,15 +261,26 @@ class AsyncRollouts:
 
     def _sample(self, step: int, questions) -> Sampled:
         restarts, start = 0, time.perf_counter()
+        with self._rolling_out():
+            while True:
+                version = self.version
+                if self.sub_executor is not None:  # the other job's sub-agent: tasks of this step, this main version
+                    self.sub_executor.at(step, version)
+                collected = self.collector.collect(step, questions)
+                if self.partial == "continue" or self.version == version or self._stop:
+                    break
+                restarts += 1  # new weights arrived during the rollout: sample the step again under them
+        return Sampled(collected, version, time.perf_counter() - start, restarts)
+
+    @contextlib.contextmanager
+    def _rolling_out(self):
+        """Marks the samplers busy (`sampler_busy_s`) while the block runs."""
+        start = time.perf_counter()
         with self._cond:
             self._busy.append((start, float("inf")))
-        while True:
-            version = self.version
-            collected = self.collector.collect(step, questions)
-            if self.partial == "continue" or self.version == version or self._stop:
-                break
-            restarts += 1  # new weights arrived during the rollout: sample the step again under them
-        end = time.perf_counter()
-        with self._cond:
-            self._busy[-1] = (start, end)
-        return Sampled(collected, version, end - start, restarts)
+            index = len(self._busy) - 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy[index] = (start, time.perf_counter())

@@ -51,6 +51,10 @@ class Exchange:
 
     delegate = None  # the engine's sub executor on the main side (None: the engine's own sub-agent)
 
+    def delegation(self):
+        """A sub executor for an asynchronous sampler of its own (None: the engine's own sub-agent)."""
+        return None
+
     def before_step(self, step: int, version: int) -> dict:
         """Step `step` starts, the main agent at policy `version`; returns the step's waiting figures."""
         return {}

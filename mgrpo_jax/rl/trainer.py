@@ -73,8 +73,12 @@ class Trainer:
         self.state = RunState(self.checkpointer, self.learners, self.feed, self.sub)
         self.rollouts = None  # asynchronous runs: the sampler thread (mgrpo_jax/rl/asynchronous.py)
         if config.get("async_rl") is not None and config.async_rl.enabled:
-            self.rollouts = AsyncRollouts(config, self.system, self.feed, self.workdir,
-                                          config.train.log_transcripts if self.is_main_process else 0)
+            if job == "sub":
+                self.rollouts = decoupled.AsyncServing(config, self.system, self.feed, self.workdir, self.sub)
+            else:
+                self.rollouts = AsyncRollouts(config, self.system, self.feed, self.workdir,
+                                              config.train.log_transcripts if self.is_main_process else 0,
+                                              sub_executor=self.exchange.delegation())
             self.state.iterator_state = self.rollouts.iterator_state
         if config.train.eval_every:
             self.hooks.add(lambda info: self.evaluate(), every=config.train.eval_every, order=EVALUATE)
@@ -151,8 +155,9 @@ class Trainer:
     def _corrected(self, main_rows, sub_rows, metrics: dict):
         """Both sides' rows with their stale tokens corrected (`AsyncRollouts.correct`), trained at version `step`:
         the RL updates this run has made."""
-        main_rows, figures = self.rollouts.correct(self.main.learner, main_rows, self.step)
-        metrics.update(figures)
+        if main_rows is not None:  # the decoupled sub job holds no main agent
+            main_rows, figures = self.rollouts.correct(self.main.learner, main_rows, self.step)
+            metrics.update(figures)
         corrected = []
         for part in sub_rows or []:
             part, figures = self.rollouts.correct(self.sub.learner, part, self.step)

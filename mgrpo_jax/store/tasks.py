@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from mgrpo_jax.store.errors import CorruptRecordError, StoreTimeout
+from mgrpo_jax.store.kv import dumps
 from mgrpo_jax.store.records import Record, check_name, parse_record_id, seal, step_dir, unseal
 from mgrpo_jax.store.retry import poll_until
 
@@ -47,9 +48,13 @@ BATCH, BATCH_ANSWER = "batch", "batch_answer"  # the sections of task batches an
 _BATCH_RE = re.compile(r"^b[0-9a-f]{16}$")
 
 
-def batch_id(step: int, ids: Iterable[str]) -> str:
-    """The id of the batch of tasks ``ids`` of ``step``: ``b`` + 16 hex digits of a sha256 of the sorted ids."""
-    text = f"{step_dir(step)}:" + ",".join(sorted(ids))
+def batch_id(step: int, tasks: Iterable[Record]) -> str:
+    """The id of the batch of ``tasks`` of ``step``: ``b`` + 16 hex digits of a sha256 of the sorted task ids and
+    their payloads. The same tasks posted again are the same batch; the same ids with other payloads (a step sampled
+    again under other weights after a resume, `mgrpo_jax/rl/asynchronous.py`) are another batch, so an answer to
+    the earlier tasks can never be taken for the new ones."""
+    entries = sorted((t.id, dumps(t.payload).decode()) for t in tasks)
+    text = f"{step_dir(step)}:" + ",".join(f"{rid}={payload}" for rid, payload in entries)
     return "b" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -259,7 +264,7 @@ class TaskQueue:
 
     def post_batch(self, tasks: Iterable[Record]) -> str:
         """Posts a round of delegation tasks (records of kind ``"task"``, one step) as one object; returns the
-        batch id. Re-posting the same set of tasks is a no-op (the stored batch is kept)."""
+        batch id. Re-posting the same tasks is a no-op (the stored batch is kept); `batch_id` says when it is not."""
         tasks = list(tasks)
         if not tasks:
             raise ValueError("post_batch needs at least one task")
@@ -269,7 +274,7 @@ class TaskQueue:
         step, ids = tasks[0].step, [t.id for t in tasks]
         if any(t.step != step for t in tasks) or len(set(ids)) != len(ids):
             raise ValueError(f"a batch's tasks must be of one step with distinct ids, got {_short(ids)}")
-        bid = batch_id(step, ids)
+        bid = batch_id(step, tasks)
         self.kv.create(self._key(step, BATCH, bid), _batch_body(step, bid, tasks))
         return bid
 

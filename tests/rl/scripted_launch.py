@@ -6,6 +6,7 @@ A `smoke` main agent after a one-step warm start never delegates on its own, so 
 not exchange a single task. This wrapper replaces the first sampled turn of every main episode with a
 `delegate` call (the sampled turns after it, and every sub-agent turn, stay the model's own), then runs the
 real entry point with the given flags. It changes nothing for the sub role, whose main runtime has no sampler.
+Importing it also registers the test-only advantage estimator `alternating`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,24 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+import jax.numpy as jnp  # noqa: E402
+
+from mgrpo_jax.core.advantages import available_advantages, register_advantage  # noqa: E402
 from mgrpo_jax.env import protocol  # noqa: E402
 from mgrpo_jax.env.prompts import SYSTEM, USER  # noqa: E402
 from mgrpo_jax.rl.trainer import Trainer  # noqa: E402
 
 TASK = "Find the year the entity in the question was founded."
+
+
+if "alternating" not in available_advantages():
+    @register_advantage("alternating")
+    def alternating_advantages(rewards, weights, **unused):
+        """+1 / -1 on alternate rollouts whatever the rewards (`--config.advantages.estimator=alternating`): an
+        untrained smoke policy (reward 0) still gets updates, so each step's sampling depends on the weights the
+        previous steps trained."""
+        sign = jnp.where(jnp.arange(rewards.shape[-1]) % 2 == 0, 1.0, -1.0)
+        return sign[None, :] * weights
 
 
 class DelegateFirst:
@@ -48,6 +62,10 @@ class DelegateFirst:
                 lengths[row], stopped[row] = len(self.call), True
         return type(out)(tokens, logprobs, lengths, stopped, *out[4:])
 
+    @property
+    def version(self):  # the policy version an asynchronous run tags the sampled turns with
+        return getattr(self.sampler, "version", 0)
+
     def update_weights(self, params):
         self.sampler.update_weights(params)
 
@@ -57,8 +75,12 @@ _init = Trainer.__init__
 
 def _scripted_init(self, config, workdir, job="colocated"):
     _init(self, config, workdir, job)
-    if self.engine.top.sampler is not None and self.engine.top.can_delegate:
-        self.engine.top.sampler = DelegateFirst(self.engine.top.sampler, self.tokenizer)
+    engines = [self.engine]
+    if self.rollouts is not None and self.rollouts.collector is not None:  # an asynchronous run's sampler thread
+        engines.append(self.rollouts.engine)
+    for engine in engines:
+        if engine.top.sampler is not None and engine.top.can_delegate:
+            engine.top.sampler = DelegateFirst(engine.top.sampler, self.tokenizer)
 
 
 if __name__ == "__main__":  # importing the module (for `DelegateFirst`) patches nothing

@@ -1,28 +1,20 @@
 """Asynchronous M-GRPO (mgrpo_jax/rl/asynchronous.py): `max_staleness = 0` is the synchronous run, metric for
 metric; the sampler never runs more than `max_staleness` versions ahead; a step's groups hold one question each;
-partial rollouts restart when asked; every mode of one job runs; the decoupled jobs are refused by name."""
+partial rollouts restart when asked; every mode of one job runs; mgrpo_unsync is refused by name (the decoupled
+jobs: tests/rl/test_decoupled.py)."""
 
 import os
 import threading
 import time
 
 import hypothesis.strategies as st
-import jax.numpy as jnp
 import pytest
 from hypothesis import given, settings
 
 from mgrpo_jax.config import get_config, validate
-from mgrpo_jax.core.advantages import available_advantages, register_advantage
 from mgrpo_jax.rl.trainer import Trainer
 from mgrpo_jax.runtime.metrics import read_jsonl
-
-if "alternating" not in available_advantages():
-    @register_advantage("alternating")
-    def alternating_advantages(rewards, weights, **unused):
-        """+1 / -1 on alternate rollouts whatever the rewards: an untrained smoke policy (reward 0) still gets
-        updates, so each step's sampling depends on the weights the previous steps trained."""
-        sign = jnp.where(jnp.arange(rewards.shape[-1]) % 2 == 0, 1.0, -1.0)
-        return sign[None, :] * weights
+from tests.rl import scripted_launch  # noqa: F401  (registers the `alternating` advantages the configs use)
 
 
 def _config(mode="mgrpo", steps=3, **async_rl):
@@ -166,11 +158,11 @@ def test_other_modes_run_asynchronously(tmp_path, mode, partial):
         assert summary["async/main/stale_share"] in (0.0, 1.0)
 
 
-def test_decoupled_jobs_and_the_unsync_fifo_are_refused_by_name():
+def test_the_unsync_fifo_is_refused_by_name_and_the_decoupled_jobs_are_not():
     config = _config(enabled=True)
     config.store = "file:///tmp/store"
-    with pytest.raises(ValueError, match="async_rl.enabled=True: not yet with --role=main"):
-        validate(config, "main")
+    for job in ("main", "sub"):  # tests/rl/test_decoupled.py runs them
+        validate(config, job)
     with pytest.raises(ValueError, match="async_rl.enabled=True: not with mode mgrpo_unsync"):
         validate(_config("mgrpo_unsync", enabled=True))
     with pytest.raises(ValueError, match="async_rl.partial_rollouts"):

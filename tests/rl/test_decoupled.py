@@ -25,6 +25,8 @@ from tests.store.conftest import REPO, make_url, subprocess_env
 LAUNCH = Path(__file__).resolve().parent / "scripted_launch.py"
 STEPS = 2
 TIMEOUT_S = 600  # both processes; each waits at most 300 s for the other
+ASYNC = ("--config.async_rl.enabled=True",)
+MOVING = ("--config.advantages.estimator=alternating",)  # updates that move the policy at reward 0 (scripted_launch)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +39,11 @@ def gcs_emulator():
 class Role:
     """One `launch/tpu_run.py --role=...` process of the smoke preset, logging to a file."""
 
-    def __init__(self, role: str, url: str, workdir: Path, steps: int = STEPS, log_name: str | None = None):
+    def __init__(self, role: str, url: str, workdir: Path, steps: int = STEPS, log_name: str | None = None,
+                 extra: tuple = ()):
         flags = ["--config=experiments/xbench.py:smoke", f"--workdir={workdir}", f"--config.store={url}",
                  "--config.warmstart.steps=1", f"--config.train.steps={steps}", "--config.train.eval_every=0",
-                 "--config.decoupled.timeout_s=300"]
+                 "--config.decoupled.timeout_s=300", *extra]
         env = subprocess_env()
         env.pop("XLA_FLAGS", None)  # one CPU device per job: the two jobs share the test machine's cores
         self.role = role
@@ -112,11 +115,15 @@ def test_main_and_sub_roles_as_two_processes_over_gs(request, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path):
+@pytest.mark.parametrize("extra", [(), (*ASYNC, "--config.async_rl.max_staleness=1")],
+                         ids=["synchronous", "asynchronous"])
+def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path, extra):
     """The sub process is killed (SIGKILL) after its second step and started again: it resumes from its latest
-    checkpoint, takes the trajectories it had already served from its cache, and both jobs finish every step."""
+    checkpoint, takes the trajectories it had already served from its cache (asynchronous: also those it served
+    ahead of its learner), and both jobs finish every step."""
     url, workdir, steps = (tmp_path / "store").as_uri(), tmp_path / "run", 4
-    main, sub = Role("main", url, workdir, steps), Role("sub", url, workdir, steps, log_name="sub-1")
+    main = Role("main", url, workdir, steps, extra=extra)
+    sub = Role("sub", url, workdir, steps, log_name="sub-1", extra=extra)
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while "sub step 2/" not in sub.log():
@@ -126,7 +133,7 @@ def test_killed_sub_job_resumes_from_its_checkpoint_and_cache(tmp_path):
     except BaseException:
         main.kill()
         raise
-    _finish(main, Role("sub", url, workdir, steps, log_name="sub-2"))
+    _finish(main, Role("sub", url, workdir, steps, log_name="sub-2", extra=extra))
     records = _steps(workdir / "sub" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))  # resumed: no step twice, none missing
     store = open_store(url)
@@ -199,3 +206,47 @@ def test_decoupled_run_over_file_matches_the_colocated_run_with_the_same_seed(tm
         for run in (c, m):
             assert 0.0 <= run["main/correct"] <= 1.0 and np.isfinite(run["main/reward"])
         assert np.isfinite(c["sub/reward"]) and np.isfinite(s["sub/reward"])
+
+
+def _compared(record: dict) -> dict:
+    """Every figure of a step but its clock readings (`time`, `time/*`, `throughput/*`) and the async ones."""
+    return {k: v for k, v in record.items() if k != "time" and not k.startswith(("time/", "throughput/", "async/"))}
+
+
+
+
+@pytest.mark.slow
+def test_asynchronous_jobs_run_ahead_within_the_bound_and_at_staleness_zero_are_the_synchronous_jobs(tmp_path):
+    """Three decoupled pairs over file:// stores, side by side: synchronous, asynchronous at `max_staleness=0` and at
+    1. At 0 each job's metrics equal the synchronous job's, figure for figure (clock readings aside): the main job's
+    sampler thread samples step s after update s - 1, the sub job's serving thread serves step s under version s,
+    with the same seeds. At 1 both jobs finish, every trained token is at most one version old, and the sub job's
+    step records list the batches it trained on."""
+    pairs = {"sync": MOVING, "async0": (*MOVING, *ASYNC, "--config.async_rl.max_staleness=0"),
+             "async1": (*MOVING, *ASYNC, "--config.async_rl.max_staleness=1")}
+    roles, steps = [], STEPS + 1
+    for name, extra in pairs.items():
+        workdir = tmp_path / name / "run"
+        workdir.parent.mkdir()
+        url = (tmp_path / f"store-{name}").as_uri()
+        roles += [Role(role, url, workdir, steps=steps, log_name=f"{name}-{role}", extra=extra)
+                  for role in ("main", "sub")]
+    _finish(*roles, timeout_s=2 * TIMEOUT_S)
+    records = {name: {role: _steps(tmp_path / name / "run" / role / "metrics.jsonl") for role in ("main", "sub")}
+               for name in pairs}
+    for role in ("main", "sub"):
+        sync, async0 = records["sync"][role], records["async0"][role]
+        assert [r["step"] for r in async0] == [r["step"] for r in sync] == list(range(1, steps + 1))
+        # The updates move the weights the next steps sample from.
+        assert len({r[f"{role}/train/param_norm"] for r in sync}) == steps
+        for want, got in zip(sync, async0, strict=True):
+            assert _compared(got) == _compared(want)
+            assert got[f"async/{role}/staleness_max"] == 0.0
+    main, sub = records["async1"]["main"], records["async1"]["sub"]
+    assert [r["step"] for r in main] == [r["step"] for r in sub] == list(range(1, steps + 1))
+    assert max(r["async/main/staleness_max"] for r in main) <= 1
+    assert max(r["async/sub/staleness_max"] for r in sub) <= 1 and max(r["sub/staleness"] for r in sub) <= 1
+    store = open_store((tmp_path / "store-async1").as_uri())
+    for step in range(steps - 1, steps):  # the store keeps the newest steps (`decoupled.keep_steps`)
+        view = store.read_step(step, "main")
+        assert view.meta["batches"] and set(view.meta["batches"]) <= set(store.tasks._ids(step, "batch"))

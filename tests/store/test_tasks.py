@@ -5,7 +5,7 @@ import time
 import pytest
 
 from mgrpo_jax.store import Record, StoreObserver, StoreTimeout, observe, open_store
-from mgrpo_jax.store.tasks import TaskBatch
+from mgrpo_jax.store.tasks import TaskBatch, batch_id
 
 
 def _tasks(step, n=3):
@@ -167,6 +167,10 @@ def test_a_batched_exchange_returns_the_answers_of_the_per_task_one(store_url, f
     assert sub.tasks.claim_batches(5, "sub_0") == []
     batch = TaskBatch(5, bid, tuple(_tasks(5, 5)))
     assert not sub.tasks.answer_batch(batch, [answer(t) for t in batch.records])
+    # The same ids with other payloads (a step sampled again under other weights) are another batch, unanswered.
+    other = [Record("task", 5, t.query, t.rollout, t.invocation, 3, {"task": "again"}) for t in _tasks(5, 5)]
+    assert batch_id(5, other) != bid and batch_id(5, reversed(_tasks(5, 5))) == bid
+    assert main.tasks.batch_answers(5, main.tasks.post_batch(other)) is None
 
 
 def test_batch_leases_and_inputs(store_url, fast_poll):
