@@ -4,7 +4,8 @@
 
 "Before" is the shared stage-1 checkpoint (`stage1_mgrpo_s0`), "after" the end of `stage2_mgrpo_s0`. Both
 answer the first questions of the validation split (multi-hop, never trained on) with the same sampling seed
-at the rollout temperature; the transcripts go to experiments/figures/case_studies.md.
+at the rollout temperature; the transcripts go to a markdown file beside this script, under its name (`OUT`;
+the five-world set's: experiments/figures/archive/five_worlds/case_studies.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mgrpo_jax.env.scoring import world_answer_correct
 from mgrpo_jax.rl.trainer import Trainer
 
 BEFORE, AFTER = "stage1_mgrpo_s0", "stage2_mgrpo_s0"
-OUT = os.path.join(runs.HERE, "case_studies.md")
+OUT = os.path.splitext(os.path.abspath(__file__))[0] + ".md"  # beside this script, under its name
 
 
 def rollouts(root: str, run: str, questions: int, samples: int = 1, seed: int = 0, temperature: float | None = None):
