@@ -28,7 +28,8 @@ One RL step s, through the store (key layout: mgrpo_jax/store/store.py):
         `mgrpo_unsync` update); then commits its own step record.
   The main starts step s + 1 only once the sub has committed step s + 1 - max_lag, so the store's garbage
   collection (the main keeps the `decoupled.keep_steps` steps up to the one it finished, at least max_lag + 1)
-  never removes data the sub has not read. Every wait gives up after `decoupled.timeout_s` with an error naming what is missing.
+  never removes data the sub has not read. Every wait gives up after `decoupled.timeout_s` with an error naming
+  what is missing.
 
 The main job's step record also lists the task batches its rollouts posted (`meta.batches`): the sub job builds
 the step from those batches' trajectories only. With `async_rl.enabled` (docs/async.md) the main job samples ahead
