@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -268,6 +269,11 @@ class PreemptionGuard:
         self._previous: dict[int, Any] = {}
         self.installed = False
         self.received: list[int] = []
+        # The handler runs between two bytecodes of the main thread, possibly inside a log handler's write: logging
+        # there re-enters that write ("reentrant call inside BufferedWriter"). It hands its notice to this queue,
+        # whose put is reentrant, and a thread logs it once the main thread's write is done.
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()
+        self._notifier: threading.Thread | None = None
 
     def _handler(self, signum, frame):
         del frame
@@ -276,12 +282,17 @@ class PreemptionGuard:
         self.received.append(signum)
         if not self._event.is_set():
             if signum == signal.SIGINT:
-                log.warning("Ctrl-C: stopping after this step with a checkpoint (run the same command to resume); "
-                            "Ctrl-C again stops at once, and the rerun resumes from the newest complete checkpoint")
+                self._notices.put("Ctrl-C: stopping after this step with a checkpoint (run the same command to "
+                                  "resume); Ctrl-C again stops at once, and the rerun resumes from the newest "
+                                  "complete checkpoint")
             else:
-                log.warning("%s (a preemption notice): stopping after this step with a checkpoint",
-                            signal.Signals(signum).name)
+                self._notices.put(f"{signal.Signals(signum).name} (a preemption notice): stopping after this step "
+                                  "with a checkpoint")
         self._event.set()
+
+    def _notify(self) -> None:
+        while (notice := self._notices.get()) is not None:
+            log.warning("%s", notice)
 
     @property
     def reason(self) -> str:
@@ -289,6 +300,8 @@ class PreemptionGuard:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
+            self._notifier = threading.Thread(target=self._notify, name="stop-notices", daemon=True)
+            self._notifier.start()
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handler)
             self.installed = True
@@ -299,6 +312,10 @@ class PreemptionGuard:
             signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous.clear()
         self.installed = False
+        if self._notifier is not None:  # the notices logged before the run reports its stop
+            self._notices.put(None)
+            self._notifier.join(timeout=10)
+            self._notifier = None
         return False
 
     @property

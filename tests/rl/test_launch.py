@@ -369,7 +369,9 @@ def test_a_second_ctrl_c_in_the_warm_start_stops_at_once_and_the_rerun_resumes_f
     record = json.loads((workdir / "summary.json").read_text())["run"]
     assert record["status"] == "interrupted" and record["step"] == 0
     newest = record["resume_from"]["warmstart_checkpoint"]
-    assert newest is not None and newest % 4 == 0 and newest >= 24 and str(newest) in os.listdir(warm)
+    # The newest complete checkpoint: 24 on a quiet machine; 20 when step 24's save was still in flight (abandoned).
+    saved = [int(name) for name in os.listdir(warm) if name.isdigit()]
+    assert newest is not None and newest % 4 == 0 and newest >= 4 and newest == max(saved)
     assert f"the rerun resumes the warm start after {newest} steps" in output
 
     again = subprocess.run([sys.executable, *args], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),

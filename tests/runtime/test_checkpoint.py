@@ -1,7 +1,9 @@
 """Checkpoints: both agents and the host state round-trip, sharded, also onto other meshes; SIGTERM."""
 
+import logging
 import os
 import signal
+import time
 
 import jax
 import numpy as np
@@ -102,6 +104,40 @@ def test_sigint_stops_like_sigterm_and_a_second_one_interrupts():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again: now
     assert signal.getsignal(signal.SIGINT) == before
+
+
+class _Writes(logging.Handler):
+    """A log handler that notes a record arriving while it is still writing the one before (re-entered)."""
+
+    def __init__(self):
+        super().__init__()
+        self.writing, self.reentered, self.messages = False, False, []
+
+    def emit(self, record):
+        self.reentered |= self.writing
+        self.writing = True
+        try:
+            if record.getMessage() == "a line being written":
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C mid-write: Python runs the handler inside this sleep
+                time.sleep(0.05)
+            self.messages.append(record.getMessage())
+        finally:
+            self.writing = False
+
+
+def test_a_ctrl_c_during_a_log_write_is_logged_after_the_write_not_inside_it():
+    """Logging from the signal handler would re-enter the write in progress (the run.log file's buffered writer
+    then raises "reentrant call"); the notice is logged by another thread once the write is done."""
+    handler, logger = _Writes(), logging.getLogger("mgrpo_jax")
+    logger.addHandler(handler)
+    try:
+        with PreemptionGuard() as guard:
+            logging.getLogger("mgrpo_jax.test").warning("a line being written")
+            assert guard.requested
+    finally:
+        logger.removeHandler(handler)
+    assert not handler.reentered
+    assert handler.messages[0] == "a line being written" and handler.messages[1].startswith("Ctrl-C: stopping")
 
 
 def _damage(directory, what: str) -> None:
