@@ -7,9 +7,9 @@ only difference is the setting (`runs.ABLATIONS`):
 
 - `ablation_align`: the trajectory alignment pads d_k < D with copies of the rollout's own sub-trajectories
   (`duplicate`, the paper's and the default) or with weight-0 slots (`mask`).
-- `ablation_dmax`: D (`rollout.d_max`) below and above the 99th percentile of d_k in the default stage-2 runs
-  (low = max(1, p99 - 1), high = p99 + 2, fixed in `<root>/dmax.json` once those runs finish; `--d-low` /
-  `--d-high` set them by hand), against the preset's D.
+- `ablation_dmax`: D (`rollout.d_max`) below and above both the 99th percentile of d_k in the default stage-2 runs
+  and the preset's D (low = max(1, min(p99, D) - 1), high = max(p99, D) + 2, fixed in `<root>/dmax.json` once
+  those runs finish; `--d-low` / `--d-high` set them by hand), against the preset's D.
 - `ablation_beta`: the sub-agent's reward without the expert term, beta = (0.1, 0.9, 0) instead of (0.1, 0.4,
   0.5). R_S is then a different function, so only the main agent's numbers compare like with like.
 
@@ -27,16 +27,6 @@ import os
 from experiments.figures import runs
 
 FIGURES = ("ablation_align", "ablation_dmax", "ablation_beta")
-
-
-def preset_value(path: str):
-    """A setting of the `figures` preset (what the default stage-2 runs used)."""
-    from mgrpo_jax.config import get_config
-
-    value = get_config("xbench", "figures")
-    for part in path.split("."):
-        value = value[part]
-    return value
 
 
 def dmax_labels() -> dict:
@@ -57,7 +47,7 @@ def spec(figure: str) -> dict:
                 "pairs": [("mask", "duplicate", "main/reward"), ("mask", "duplicate", "sub/reward")],
                 "title": "Alignment of d_k < D: duplicate vs mask"}
     if figure == "ablation_dmax":
-        chosen, preset = dmax_labels(), preset_value("rollout.d_max")
+        chosen, preset = dmax_labels(), runs.preset_value("rollout.d_max")
         low, high = f"D = {chosen['low']} (low)", f"D = {chosen['high']} (high)"
         base = f"D = {preset} (preset)"
         pairs = [(arm, base, key) for key in ("main/reward", "sub/reward") for arm in (low, high)]
@@ -67,7 +57,7 @@ def spec(figure: str) -> dict:
                 "extra": {"dmax": chosen, "preset_d_max": preset,
                           "coincides_with_preset": [k for k in ("low", "high") if chosen[k] == preset]}}
     if figure == "ablation_beta":
-        beta = tuple(preset_value("rewards.beta"))
+        beta = tuple(runs.preset_value("rewards.beta"))
         base, changed = f"β = {beta}", "β = (0.1, 0.9, 0) (no expert)"
         return {"arms": {base: default, changed: runs.ablation("beta_noexpert")},
                 "keys": [("main/reward", "main agent reward"), ("main/correct", "main agent correct"),

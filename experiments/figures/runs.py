@@ -23,7 +23,8 @@ question pool, `curriculum_s{s}`'s: the stage-1 mgrpo system of that world poses
 counterfactual twins (as the RL steps do) and keeps those it finds hard, once; so the comparisons across lineages
 (frozen_sub vs single_agent, the shared-policy pairs) train on the same questions. The ablations are stage-2
 `mgrpo` runs with one setting changed; the D ablation's two values are chosen from the d_k histogram of the
-stage-2 `mgrpo` runs of the first `N_DMAX_WORLDS` worlds (below and above its 99th percentile, `dmax_choice`), so
+stage-2 `mgrpo` runs of the first `N_DMAX_WORLDS` worlds (below and above its 99th percentile and the preset's D,
+`dmax_choice`), so
 those runs wait for them. A finished run's `metrics.jsonl` is copied to `experiments/figures/logs/<run>.jsonl` (and
 its learners' parameter counts to `<run>.params.json`); the figure scripts plot from those copies, so the committed
 logs redraw every figure without re-training (`--plot-only`), and the set resumes from them on another machine:
@@ -255,12 +256,23 @@ def descendants(name: str) -> int:
 # -- D for the d_max ablation ---------------------------------------------------------------------------------
 
 
-def dmax_from_counts(counts) -> dict:
-    """D below and above the 99th percentile of d_k: low = max(1, p99 - 1), high = p99 + 2."""
+def dmax_from_counts(counts, preset: int) -> dict:
+    """D below and above both the 99th percentile of d_k and the `preset` D the default runs use, so that neither
+    arm repeats them: low = max(1, min(p99, preset) - 1), high = max(p99, preset) + 2."""
     counts = np.asarray(counts, np.int64)
     p99 = stats.count_percentile(counts, 0.99)
-    return {"p99": p99, "p99_open_ended": bool(p99 == len(counts) - 1), "low": max(1, p99 - 1), "high": p99 + 2,
-            "counts": counts.tolist()}
+    return {"p99": p99, "p99_open_ended": bool(p99 == len(counts) - 1), "low": max(1, min(p99, preset) - 1),
+            "high": max(p99, preset) + 2, "preset": preset, "counts": counts.tolist()}
+
+
+def preset_value(path: str):
+    """A setting of the `figures` preset (what the default stage-2 runs used)."""
+    from mgrpo_jax.config import get_config
+
+    value = get_config("xbench", "figures")
+    for part in path.split("."):
+        value = value[part]
+    return value
 
 
 def dmax_choice(root: str) -> dict:
@@ -272,10 +284,16 @@ def dmax_choice(root: str) -> dict:
     """
     path = os.path.join(root, DMAX_FILE)
     collected = os.path.join(LOGS, DMAX_FILE)
-    if os.path.exists(path) or os.path.exists(collected):
-        with open(path if os.path.exists(path) else collected) as f:
-            choice = json.load(f)
-    else:
+    choice = None
+    for kept in (path, collected):
+        if choice is None and os.path.exists(kept):
+            with open(kept) as f:
+                choice = json.load(f)
+            if choice.get("design") != DESIGN:  # another design's runs chose it (the five-world set: from s0-s4)
+                print(f"[figures] ignoring {kept}: chosen for the set's design {choice.get('design')!r}, not "
+                      f"{DESIGN!r}", flush=True)
+                choice = None
+    if choice is None:
         names = [f"stage2_mgrpo_s{s}" for s in SEEDS[:N_DMAX_WORLDS]]
         missing = [n for n in names if not (is_done(root, n) or has_current_log(n))]
         if missing:
@@ -283,7 +301,8 @@ def dmax_choice(root: str) -> dict:
         logs = {n: os.path.join(workdir(root, n), "metrics.jsonl") if is_done(root, n)
                 else os.path.join(LOGS, f"{n}.jsonl") for n in names}
         rows = {n: [r for r in read_jsonl(log) if f"{DK_HIST}0" in r] for n, log in logs.items()}
-        choice = {**dmax_from_counts(stats.summed_counts(rows, DK_HIST)), "from_runs": names, "source": "data"}
+        choice = {**dmax_from_counts(stats.summed_counts(rows, DK_HIST), preset_value("rollout.d_max")),
+                  "from_runs": names, "source": "data", "design": DESIGN}
     for arm, value in DMAX_FLAGS.items():
         if value is None or value == choice[arm]:
             continue

@@ -233,7 +233,7 @@ def test_run_command_names_the_preset_mode_seed_parent_and_ablation(tmp_path):
     assert not any(".train.steps=" in c for c in cmd)  # the preset's length, as the default runs
     assert f"--config.init_checkpoint={tmp_path}/stage1_mgrpo_s2" in cmd
     assert "--config.rewards.beta=(0.1,0.9,0.0)" in runs.RUNS["abl_beta_noexpert_s0"].command(str(tmp_path))
-    (tmp_path / "dmax.json").write_text(json.dumps({"p99": 3, "low": 2, "high": 5}))
+    (tmp_path / "dmax.json").write_text(json.dumps({"p99": 3, "low": 2, "high": 5, "design": runs.DESIGN}))
     assert "--config.rollout.d_max=2" in runs.RUNS["abl_dmax_low_s0"].command(str(tmp_path))
     assert "--config.rollout.d_max=5" in runs.RUNS["abl_dmax_high_s2"].command(str(tmp_path))
 
@@ -270,22 +270,30 @@ def test_dmax_is_chosen_from_the_stage2_histogram_and_pinned(tmp_path, fake_logs
     _fake_workdir(tmp_path, "stage2_mgrpo_s0", [[50, 30, 19, 1, 0], [20, 10, 9, 1, 0]])
     _fake_workdir(tmp_path, "stage2_mgrpo_s1", [[30, 20, 10, 0, 0]])
     choice = runs.dmax_choice(str(tmp_path))
-    assert (choice["p99"], choice["low"], choice["high"]) == (2, 1, 4)
+    assert (choice["p99"], choice["low"], choice["high"]) == (2, 1, 6)  # the preset's D is 4
     assert choice["counts"] == [100, 60, 38, 2, 0] and choice["source"] == "data"
     assert not choice["p99_open_ended"]
     assert json.loads((tmp_path / "dmax.json").read_text()) == choice
     # Pinned: later data does not move it; a flag does until a run has used the old value.
     _fake_workdir(tmp_path, "stage2_mgrpo_s9", [[0, 0, 0, 0, 9]])
-    assert runs.dmax_choice(str(tmp_path))["high"] == 4
-    runs.DMAX_FLAGS["high"] = 6
     assert runs.dmax_choice(str(tmp_path))["high"] == 6
+    runs.DMAX_FLAGS["high"] = 7
+    assert runs.dmax_choice(str(tmp_path))["high"] == 7
     assert json.loads((tmp_path / "dmax.json").read_text())["source"] == "flags"
     (tmp_path / "abl_dmax_low_s0").mkdir()
     runs.DMAX_FLAGS.update(low=2, high=None)
     with pytest.raises(RuntimeError, match=r"already ran with D = 1"):
         runs.dmax_choice(str(tmp_path))
-    assert runs.dmax_from_counts([0, 0, 1])["p99_open_ended"]
-    assert runs.dmax_from_counts([10, 0, 0])["low"] == 1  # p99 = 0: D cannot go below 1
+    assert runs.dmax_from_counts([0, 0, 1], preset=4)["p99_open_ended"]
+    assert runs.dmax_from_counts([10, 0, 0], preset=4)["low"] == 1  # p99 = 0: D cannot go below 1
+    # p99 5 above the preset's 4 (3-hop chains): neither arm repeats the default runs' D.
+    choice = runs.dmax_from_counts([0, 0, 90, 5, 3, 2], preset=4)
+    assert (choice["p99"], choice["low"], choice["high"]) == (5, 3, 7)
+    # A choice kept from another design of the set (the five-world one) is not used: recomputed from this one's.
+    runs.DMAX_FLAGS.update(low=None, high=None)
+    (tmp_path / "dmax.json").write_text(json.dumps({"p99": 4, "low": 3, "high": 6, "from_runs": ["stage2_mgrpo_s4"]}))
+    assert runs.dmax_choice(str(tmp_path))["high"] == 6 and runs.dmax_choice(str(tmp_path))["from_runs"] == [
+        "stage2_mgrpo_s0", "stage2_mgrpo_s1"]
 
 
 _FAKE_RUN = """
@@ -317,10 +325,11 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     for name in started:
         for parent in runs.RUNS[name].needs:
             assert started.index(parent) < started.index(name)
-    # 200 rollouts: 180/10/8/2 at d_k = 0..3, so p99 = 2, D = 1 and 4.
-    assert json.loads((fake_logs / "dmax.json").read_text())["p99"] == 2
+    # 200 rollouts: 180/10/8/2 at d_k = 0..3, so p99 = 2; the preset's D is 4: D = min(2, 4) - 1 and max(2, 4) + 2.
+    choice = json.loads((fake_logs / "dmax.json").read_text())
+    assert choice["p99"] == 2 and choice["preset"] == 4 and choice["design"] == runs.DESIGN
     assert runs.rl_rows("abl_dmax_low_s0")[0]["d_max"] == "1"
-    assert runs.rl_rows("abl_dmax_high_s0")[0]["d_max"] == "4"
+    assert runs.rl_rows("abl_dmax_high_s0")[0]["d_max"] == "6"
     assert runs.rl_rows("stage2_mgrpo_s0")[0]["d_max"] == "preset"
     assert not list(root.glob("*.pid"))
     # On another machine (a new root) the collected logs are the set: nothing trains again.
@@ -526,7 +535,7 @@ def _all_logs(logs, rng, seeds):
 def test_run_all_plot_only_draws_everything_and_renders_the_table(fake_logs, capsys, monkeypatch):
     runs.set_seeds(3)
     preset = {"rollout.d_max": 2, "rewards.beta": (0.1, 0.4, 0.5)}  # what the logged default runs used
-    monkeypatch.setattr(ablations, "preset_value", preset.__getitem__)
+    monkeypatch.setattr(runs, "preset_value", preset.__getitem__)
     _all_logs(fake_logs, np.random.default_rng(2), range(3))
     run_all.main(["--plot-only", "--seeds", "3"])
     out = fake_logs.parent
