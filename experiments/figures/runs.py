@@ -109,7 +109,9 @@ RUN_SUFFIX = ".run.json"  # a collected run's record: the set's design it belong
 # The set's design: bumped whenever what a run trains changes, so a log of an earlier design is trained again
 # (`to_train`) and never drawn beside this design's (`series`). Logs collected before records existed are the
 # five-world set of 2026-12-03.
-DESIGN = "eight-worlds-2026-12-04"
+# 2026-12-05: the warm start runs 1,500 steps; eight-worlds-2026-12-04, the same with 500 steps, stopped after
+# worlds 0-2 (experiments/figures/archive/warm500).
+DESIGN = "eight-worlds-2026-12-05"
 EARLIER_DESIGN = "five-worlds-2026-12-03"
 DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
