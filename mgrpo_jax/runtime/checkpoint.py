@@ -36,8 +36,10 @@ import logging
 import os
 import queue
 import signal
+import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -278,6 +280,7 @@ class PreemptionGuard:
     def _handler(self, signum, frame):
         del frame
         if signum == signal.SIGINT and signal.SIGINT in self.received:
+            quiet_cut_off_work()
             raise KeyboardInterrupt
         self.received.append(signum)
         if not self._event.is_set():
@@ -362,6 +365,19 @@ def init_from_checkpoint(path: str, learners: Mapping[str, Any]) -> int:
         learner.reset_optimizer(learner.config.optim)
     log.info("initialised %s from %s (step %d)", sorted(learners), path, step)
     return step
+
+
+def quiet_cut_off_work() -> None:
+    """A second Ctrl-C cuts work off mid-call: an asyncio loop half built inside Orbax's `run_sync` fails in its
+    `__del__` when collected, and its coroutines are never awaited. Python prints those as tracebacks and warnings
+    on stderr, where a user reads them as a crash. From here to the process's exit they go to the debug log."""
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+
+    def to_debug_log(unraisable) -> None:
+        log.debug("after the second Ctrl-C: %r in %r", unraisable.exc_value, unraisable.object,
+                  exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
+
+    sys.unraisablehook = to_debug_log
 
 
 def abandon_saves(workdir: str, folders: tuple[str, ...]) -> None:

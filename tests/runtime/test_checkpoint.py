@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import sys
 import time
 
 import jax
@@ -104,6 +105,36 @@ def test_sigint_stops_like_sigterm_and_a_second_one_interrupts():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again: now
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_after_a_second_ctrl_c_the_cut_off_work_goes_to_the_debug_log_not_the_screen(monkeypatch, caplog, capsys):
+    """What the second Ctrl-C cuts off (an asyncio loop half built in Orbax's run_sync, its unawaited coroutines)
+    fails when collected; that is logged at debug level, not printed as a traceback or a warning."""
+    import gc
+    import warnings
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+
+    class HalfBuiltLoop:
+        def __del__(self):
+            raise AttributeError("'_UnixSelectorEventLoop' object has no attribute '_ssock'")
+
+    async def save():
+        pass
+
+    caplog.set_level(logging.DEBUG, logger="mgrpo_jax.runtime.checkpoint")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with PreemptionGuard():
+            os.kill(os.getpid(), signal.SIGINT)
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        HalfBuiltLoop()
+        save()
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert "Traceback" not in capsys.readouterr().err
+    assert "after the second Ctrl-C" in caplog.text and "_ssock" in caplog.text
 
 
 class _Writes(logging.Handler):
