@@ -6,7 +6,8 @@
 2. No import cycle among the package's modules, nor among the experiment files (module-level graph, all imports).
 3. No monkeypatching (`monkeypatching` says what counts): no `setattr(` call at all; no `getattr(X, ...)`,
    `X.attr = ...` or `del X.attr` where X is a name imported from the package (a module, a class); no function
-   installed on, attribute wrapped on or attribute deleted from another object.
+   installed on, attribute wrapped on or attribute deleted from another object. The interpreter's documented hook
+   slots (`HOOKS`: `sys.unraisablehook`, `sys.excepthook`, ...) are made to be assigned and do not count.
 
 Each failure lists the offending file:line and what it does.
 """
@@ -256,6 +257,11 @@ def _bindings(name: str, scope: ast.AST, inherited: set[str], is_package: bool) 
     return bound
 
 
+# Slots the standard library documents as the way to install a handler: assigning them is their API, not a patch.
+HOOKS = frozenset({"sys.unraisablehook", "sys.excepthook", "sys.displayhook", "sys.breakpointhook",
+                   "threading.excepthook"})
+
+
 def monkeypatching(name: str, tree: ast.AST, is_package: bool = False) -> list[tuple[int, str]]:
     """(line, what) of each way one module changes another's objects from outside:
 
@@ -264,7 +270,8 @@ def monkeypatching(name: str, tree: ast.AST, is_package: bool = False) -> list[t
     - `getattr(X, ...)`, `X.attr = ...`, `X.attr += ...` or `del X.attr` where X is a name of the package (imported
       from it, or an alias of such a name);
     - on any object but `self` / `cls`: `del obj.attr`, `obj.attr = f` with f a lambda or a function defined in
-      this module (installing it), `obj.attr = Wrapper(obj.attr, ...)` (wrapping what was there).
+      this module (installing it), `obj.attr = Wrapper(obj.attr, ...)` (wrapping what was there), unless
+      `obj.attr` is one of the documented `HOOKS`.
     """
     functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     found = []
@@ -287,7 +294,7 @@ def monkeypatching(name: str, tree: ast.AST, is_package: bool = False) -> list[t
                 verb = "del" if isinstance(node, ast.Delete) else "assigns"
                 if root in bound:
                     found.append((node.lineno, f"{verb} {what}: {root} is a name of {PACKAGE}"))
-                elif root in _OWNERS:
+                elif root in _OWNERS or what in HOOKS:
                     continue
                 elif isinstance(node, ast.Delete):
                     found.append((node.lineno, f"del {what}: deletes another object's attribute"))
@@ -379,8 +386,11 @@ def test_monkeypatching_is_recognised_and_ordinary_attributes_are_not():
                   "    engine.x, presets.y = 1, 2\n"              # 19: engine, not presets (a parameter)
                   "    agent.steps = 3\n    agent.fn = g(x)\n    self.train = f\n    del self.cache\n"
                   "config.steps = 3\ngetattr(config, 'x')\nobject.__setattr__(self, 'a', 1)\n"
-                  "presets_dict['x'] = 1\nclass C:\n    cls = 1\n    def m(cls):\n        cls.x = 1\n")
-    assert [line for line, _ in monkeypatching("experiments.x", tree)] == [5, 6, 7, 8, 9, 10, 11, 15, 16, 17, 18, 19]
+                  "presets_dict['x'] = 1\nclass C:\n    cls = 1\n    def m(cls):\n        cls.x = 1\n"
+                  "sys.unraisablehook = f\nthreading.excepthook = f\n"  # 32, 33: documented hook slots
+                  "sys.stdout.write = f\nsys.exit = f\n")             # 34, 35: not hooks
+    assert [line for line, _ in monkeypatching("experiments.x", tree)] == [5, 6, 7, 8, 9, 10, 11, 15, 16, 17, 18, 19,
+                                                                           34, 35]
 
 
 # -- the package -----------------------------------------------------------------------------------------------------
