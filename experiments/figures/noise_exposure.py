@@ -1,0 +1,74 @@
+"""How much of each world's questions the experts' mistakes touch: why some worlds start RL further from right.
+
+    python -m experiments.figures.noise_exposure [--seeds 8]
+
+The compact experts make each of their mistakes on a subset of fact types that the world's seed fixes
+(`CompactNoise`: the sub-agent opens a namesake of the wrong kind on half of the facts, at rate 0.7, so the mistake
+is its greedy action there). The warm start clones those experts, so a world whose questions lean on the noisy facts
+starts stage 1 with a sub-agent that reads most of its lookups wrong. For each world and question set (stage 2's
+pool, the validation set and the XBench-style 3-hop chains): the share of sub-agent lookups whose fact carries the
+sub-agent's mistake, the share of questions with no such lookup, and the scripted experts' success. The last line is
+one JSON object {"worlds": [...]} with those figures per world.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from experiments.figures.runs import N_SEEDS
+from mgrpo_jax.env.questions import Question
+
+SETS = ("stage2", "validation", "eval_xbench")
+
+
+def exposure(questions: Sequence[Question], noisy_facts: frozenset[str]) -> dict[str, float]:
+    """{"noisy_lookups": share of the questions' lookups whose fact is in `noisy_facts`, "clean_questions": share
+    of questions none of whose lookups is}; lookups are the decomposition's sub-tasks that ask a fact."""
+    lookups = [[task.fact for task in question.decomposition if task.fact] for question in questions]
+    flat = [fact for facts in lookups for fact in facts]
+    if not flat:
+        raise ValueError("no lookups among the questions: nothing asks a fact")
+    return {"noisy_lookups": sum(fact in noisy_facts for fact in flat) / len(flat),
+            "clean_questions": sum(not any(fact in noisy_facts for fact in facts) for facts in lookups)
+            / len(lookups)}
+
+
+def world_exposure(seed: int) -> dict:
+    """World `seed` at the `figures` preset: its sub-agent's noisy facts and, per set, `exposure` and the scripted
+    multi-agent experts' success."""
+    from mgrpo_jax.config import get_config
+    from mgrpo_jax.env.build import build_environment, noise_config
+    from mgrpo_jax.env.compact import CompactExperts, compact_success
+
+    config = get_config("xbench", "figures,mgrpo")
+    config.env.seed = seed
+    env, noise = build_environment(config), noise_config(config)
+    experts = CompactExperts(env.world, noise)
+    out = {"world": seed, "noisy_facts": sorted(noise.wrong_kind)}
+    for name in SETS:
+        questions = getattr(env.questions, name)
+        out[name] = {**exposure(questions, noise.wrong_kind),
+                     "experts_correct": compact_success(experts, questions)["multi"], "questions": len(questions)}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=N_SEEDS, help=f"worlds 0..N-1 (default {N_SEEDS})")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    worlds = [world_exposure(seed) for seed in range(args.seeds)]
+    for w in worlds:
+        print(f"world {w['world']}: noisy facts {', '.join(w['noisy_facts'])}; " + "; ".join(
+            f"{name} {w[name]['noisy_lookups']:.2f} of lookups noisy, {w[name]['clean_questions']:.2f} of "
+            f"questions clean, experts {w[name]['experts_correct']:.2f}" for name in SETS))
+    result = {"worlds": worlds}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
