@@ -1,6 +1,7 @@
 """How much of each world's questions the experts' mistakes touch: why some worlds start RL further from right.
 
     python -m experiments.figures.noise_exposure [--seeds 8]
+    python -m experiments.figures.noise_exposure --runs RUN_DIR[,RUN_DIR...] [--lookups 160] [--samples 4]
 
 The compact experts make each of their mistakes on a subset of fact types that the world's seed fixes
 (`CompactNoise`: the sub-agent opens a namesake of the wrong kind on half of the facts, at rate 0.7, so the mistake
@@ -9,15 +10,23 @@ starts stage 1 with a sub-agent that reads most of its lookups wrong. For each w
 pool, the validation set and the XBench-style 3-hop chains): the share of sub-agent lookups whose fact carries the
 sub-agent's mistake, the share of questions with no such lookup, and the scripted experts' success. The last line is
 one JSON object {"worlds": [...]} with those figures per world.
+
+With `--runs`, what the saved systems (any finished runs' workdirs: warm starts, stage 1 or stage 2) do about it: each
+system answers `--lookups` of its world's single-lookup questions (stage 1's), `--samples` rollouts each at the
+rollout temperature, asked in the world; every delegated lookup is scored against the world's value, split by
+whether its fact carries the experts' mistake (`noisy`) or not (`clean`). The last line is one JSON object
+{"runs": [{"run", "world", "noisy": {"accuracy", "lookups"}, "clean": {...}}, ...]}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 
 from experiments.figures.runs import N_SEEDS
+from mgrpo_jax.env.compact.world import FACTS
 from mgrpo_jax.env.questions import Question
 
 SETS = ("stage2", "validation", "eval_xbench")
@@ -54,12 +63,60 @@ def world_exposure(seed: int) -> dict:
     return out
 
 
+def read_accuracy(reads: Sequence[tuple[str, bool]], noisy_facts: frozenset[str]) -> dict[str, dict]:
+    """{"noisy"|"clean": {"accuracy", "lookups"}} of (fact, read right) pairs, split by `noisy_facts`; a side with
+    no lookup has accuracy None."""
+    out = {}
+    for side, wanted in (("noisy", True), ("clean", False)):
+        right = [ok for fact, ok in reads if (fact in noisy_facts) == wanted]
+        out[side] = {"accuracy": sum(right) / len(right) if right else None, "lookups": len(right)}
+    return out
+
+
+def system_reads(run_dir: str, lookups: int, samples: int) -> dict:
+    """The saved system's sub-agent reads on `lookups` of its world's single-lookup questions (`read_accuracy`)."""
+    from experiments.figures.transfer_probe import rollouts, saved_system
+    from mgrpo_jax.env.build import noise_config
+    from mgrpo_jax.env.scoring import world_answer_correct
+
+    with saved_system(run_dir) as (trainer, config):
+        world = trainer.env.world
+        questions = list(trainer.env.questions.stage1)[:lookups]
+        reads = []
+        for episodes in rollouts(trainer, questions, samples):
+            for episode in episodes:
+                for sub in episode.subs:
+                    task = (sub.call.get("task") or sub.task or "").split()
+                    if len(task) == 2 and world.find(FACTS.get(task[0], ("", ""))[0], task[1]) is not None:
+                        reads.append((task[0], world_answer_correct(sub.answer or "", world.lookup(*task))))
+        return {"run": run_dir, "world": int(config.env.seed),
+                **read_accuracy(reads, noise_config(config).wrong_kind)}
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=N_SEEDS, help=f"worlds 0..N-1 (default {N_SEEDS})")
+    parser.add_argument("--runs", default=None, help="comma-separated finished runs' workdirs: their sub-agents' reads")
+    parser.add_argument("--lookups", type=int, default=160, help="single-lookup questions per run (with --runs)")
+    parser.add_argument("--samples", type=int, default=4, help="rollouts per question (with --runs)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.runs is not None:
+        if args.lookups < 1 or args.samples < 1:
+            parser.error(f"--lookups and --samples must be at least 1, got {args.lookups} and {args.samples}")
+        runs = [run for run in args.runs.split(",") if run]
+        for run in runs:
+            if not os.path.exists(os.path.join(run, "summary.json")):
+                parser.error(f"--runs: {run} has no summary.json; pass finished runs' workdirs")
+        result = {"runs": []}
+        for run in runs:
+            got = system_reads(run, args.lookups, args.samples)
+            result["runs"].append(got)
+            print(f"{run} (world {got['world']}): noisy reads {got['noisy']['accuracy']} of {got['noisy']['lookups']}, "
+                  f"clean {got['clean']['accuracy']} of {got['clean']['lookups']}", flush=True)
+        print(json.dumps(result))
+        return result
     worlds = [world_exposure(seed) for seed in range(args.seeds)]
     for w in worlds:
         print(f"world {w['world']}: noisy facts {', '.join(w['noisy_facts'])}; " + "; ".join(

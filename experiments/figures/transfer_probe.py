@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import tempfile
@@ -92,6 +93,34 @@ def gap(fresh: dict, validation: dict) -> dict:
             for kind in kinds}
 
 
+@contextlib.contextmanager
+def saved_system(run_dir: str):
+    """Yields (trainer, config): the system saved in `run_dir` (any finished run's workdir: its latest checkpoint),
+    rebuilt at the `figures` preset in its own world and seed, in a scratch workdir that is removed afterwards."""
+    from mgrpo_jax.config import get_config
+    from mgrpo_jax.rl.trainer import Trainer
+
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        saved = json.load(f)["run"]["config"]
+    config = get_config("xbench", f"figures,{saved['mode']}")
+    config.seed, config.env.seed = saved["seed"], saved["env"]["seed"]
+    config.train.log_transcripts = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(config, scratch)
+        trainer.init_from_checkpoint(run_dir)
+        yield trainer, config
+
+
+def rollouts(trainer, questions, samples: int, seed: int = 0) -> list[list]:
+    """`samples` whole-system rollouts of each question, at the rollout temperature: [[episode] per question]."""
+    result = trainer.engine.run(questions, samples, seed=seed)
+    by_question = [[] for _ in questions]
+    for row in result.top:
+        for episode in row:
+            by_question[episode.question_index].append(episode)
+    return by_question
+
+
 def probe(run_dir: str, questions: int, samples: int, seed: int = 0):
     """(sets {name: questions}, episodes {name: [[episode] per question]}, config) of the system saved in run_dir.
 
@@ -100,22 +129,14 @@ def probe(run_dir: str, questions: int, samples: int, seed: int = 0):
     drawn by the world's generator with a larger validation size, minus any text the run's training splits hold)."""
     from mgrpo_jax.config import get_config
     from mgrpo_jax.env.build import build_environment
-    from mgrpo_jax.rl.trainer import Trainer
 
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        saved = json.load(f)["run"]["config"]
-    config = get_config("xbench", f"figures,{saved['mode']}")
-    config.seed, config.env.seed = saved["seed"], saved["env"]["seed"]
-    config.train.log_transcripts = 0
-    wide = get_config("xbench", "figures")
-    wide.env.seed = config.env.seed
-    wide.env.sizes.validation = questions
     with open(os.path.join(run_dir, "curriculum.json")) as f:
         kept = json.load(f)["kept"]
     sets, episodes = {}, {}
-    with tempfile.TemporaryDirectory() as scratch:
-        trainer = Trainer(config, scratch)
-        trainer.init_from_checkpoint(run_dir)
+    with saved_system(run_dir) as (trainer, config):
+        wide = get_config("xbench", "figures")
+        wide.env.seed = config.env.seed
+        wide.env.sizes.validation = questions
         splits = trainer.env.questions
         by_id = {q.id: q for q in splits.stage2}
         seen = {q.text for q in (*splits.stage1, *splits.stage2)}
@@ -123,12 +144,7 @@ def probe(run_dir: str, questions: int, samples: int, seed: int = 0):
         sets["fresh"] = list(splits.fresh)
         sets["validation"] = [q for q in build_environment(wide).questions.validation if q.text not in seen]
         for name, chosen in sets.items():
-            result = trainer.engine.run(chosen, samples, seed=seed)
-            by_question = [[] for _ in chosen]
-            for row in result.top:
-                for episode in row:
-                    by_question[episode.question_index].append(episode)
-            episodes[name] = by_question
+            episodes[name] = rollouts(trainer, chosen, samples, seed)
     return sets, episodes, config
 
 

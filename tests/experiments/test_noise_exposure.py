@@ -33,3 +33,21 @@ def test_a_world_reports_its_own_noisy_facts_and_a_share_per_set():
     for name in noise_exposure.SETS:
         assert 0.0 <= got[name]["noisy_lookups"] <= 1.0 and 0.0 <= got[name]["clean_questions"] <= 1.0
         assert got[name]["questions"] > 0
+
+
+def test_reads_split_by_the_noisy_facts_by_hand():
+    reads = [("age", True), ("age", False), ("size", False), ("mayor", True), ("mayor", True), ("born_in", False)]
+    got = noise_exposure.read_accuracy(reads, frozenset({"age", "size"}))
+    # noisy: age True, age False, size False -> 1/3; clean: mayor True x2, born_in False -> 2/3
+    assert got == {"noisy": {"accuracy": pytest.approx(1 / 3), "lookups": 3},
+                   "clean": {"accuracy": pytest.approx(2 / 3), "lookups": 3}}
+    assert noise_exposure.read_accuracy(reads, frozenset())["noisy"] == {"accuracy": None, "lookups": 0}
+
+
+def test_runs_without_a_summary_are_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        noise_exposure.main(["--runs", str(tmp_path)])
+    assert f"{tmp_path} has no summary.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        noise_exposure.main(["--runs", str(tmp_path), "--samples", "0"])
+    assert "--samples must be at least 1, got 160 and 0" in capsys.readouterr().err
