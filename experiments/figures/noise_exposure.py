@@ -75,20 +75,21 @@ def read_accuracy(reads: Sequence[tuple[str, bool]], noisy_facts: frozenset[str]
 
 def system_reads(run_dir: str, lookups: int, samples: int) -> dict:
     """The saved system's sub-agent reads on `lookups` of its world's single-lookup questions (`read_accuracy`)."""
-    from experiments.figures.transfer_probe import rollouts, saved_system
+    from experiments.figures.transfer_probe import delegated_task, rollouts, saved_system
     from mgrpo_jax.env.build import noise_config
     from mgrpo_jax.env.scoring import world_answer_correct
 
     with saved_system(run_dir) as (trainer, config):
         world = trainer.env.world
         questions = list(trainer.env.questions.stage1)[:lookups]
+        subs = [sub for episodes in rollouts(trainer, questions, samples) for episode in episodes
+                for sub in episode.subs]
         reads = []
-        for episodes in rollouts(trainer, questions, samples):
-            for episode in episodes:
-                for sub in episode.subs:
-                    task = (sub.call.get("task") or sub.task or "").split()
-                    if len(task) == 2 and world.find(FACTS.get(task[0], ("", ""))[0], task[1]) is not None:
-                        reads.append((task[0], world_answer_correct(sub.answer or "", world.lookup(*task))))
+        for sub in subs:  # only lookups of a real fact of an existing entity are reads
+            words = delegated_task(sub).split()
+            fact, name = words if len(words) == 2 else ("", "")
+            if fact in FACTS and world.find(FACTS[fact][0], name) is not None:
+                reads.append((fact, world_answer_correct(sub.answer or "", world.lookup(fact, name))))
         return {"run": run_dir, "world": int(config.env.seed),
                 **read_accuracy(reads, noise_config(config).wrong_kind)}
 

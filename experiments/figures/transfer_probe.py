@@ -42,6 +42,11 @@ def _norm(text: str | None) -> str:
     return " ".join((text or "").split()).lower()
 
 
+def delegated_task(sub) -> str:
+    """The task a sub-agent episode was given: the delegate call's own `task` field, else the episode's task text."""
+    return sub.call.get("task") or sub.task or ""
+
+
 def outcome(question, episode) -> str:
     """One rollout's outcome against the question's gold decomposition (module docstring)."""
     if episode.answer is not None and world_answer_correct(episode.answer, question.answer):
@@ -49,7 +54,7 @@ def outcome(question, episode) -> str:
     if episode.answer is None or episode.format_error:
         return "format"
     gold = [step for step in question.decomposition if step.fact is not None]
-    calls = [(_norm(sub.call.get("task") or sub.task), sub.answer) for sub in episode.subs]
+    calls = [(_norm(delegated_task(sub)), sub.answer) for sub in episode.subs]
     asked = {_norm(step.description): step for step in gold}
     for i, (task, answer) in enumerate(calls):
         step = asked.get(task)
@@ -149,7 +154,7 @@ def probe(run_dir: str, questions: int, samples: int, seed: int = 0):
 
 
 def render(question, episode) -> str:
-    calls = "; ".join(f"[{sub.call.get('task') or sub.task}] -> {sub.answer}" for sub in episode.subs) or "no calls"
+    calls = "; ".join(f"[{delegated_task(sub)}] -> {sub.answer}" for sub in episode.subs) or "no calls"
     gold = " / ".join(f"{s.description} = {s.answer}" for s in question.decomposition)
     return (f"{question.kind}/{question.hops} `{question.text}` gold `{question.answer}` ({gold}) | {calls} | "
             f"answer `{episode.answer}` ({outcome(question, episode)})")
