@@ -1,6 +1,7 @@
 """Every figure of the paper in miniature, and the ablations, in one command (resumable).
 
-    python -m experiments.figures.run_all [--root runs/figures] [--jobs 2] [--seeds 5] [--d-low D] [--d-high D]
+    python -m experiments.figures.run_all [--root runs/figures] [--jobs 2] [--seeds 5] [--stage2-steps N]
+                                          [--d-low D] [--d-high D]
     python -m experiments.figures.run_all --plot-only   # redraw from experiments/figures/logs, no training
     python -m experiments.figures.run_all --table       # print the README's results tables from results/*.json
 

@@ -73,8 +73,8 @@ N_ABLATION_SEEDS = N_SEEDS
 N_DMAX_WORLDS = 2
 STAGE2_MODES = ("mgrpo", "frozen_sub", "single_agent", "mgrpo_unsync")
 NO_EVAL = (("train.eval_every", 0), ("train.eval_at_start", False))
-# Both stages run the preset's `train.steps` (and stage 2 evaluates every `train.eval_every`); an int here gives
-# stage 2 its own length, with evaluations at its start, middle and end.
+# Both stages run the preset's `train.steps` (and stage 2 evaluates every `train.eval_every`); `--stage2-steps N`
+# (`set_stage2_steps`) gives stage 2 its own length, with evaluations at its start, middle and end.
 STAGE2_STEPS: int | None = None
 # The ablations (stage-2 mgrpo with one setting changed; no evaluations), compared with stage2_mgrpo_s*.
 ABLATIONS = {
@@ -112,6 +112,7 @@ RUN_SUFFIX = ".run.json"  # a collected run's record: the set's design it belong
 # 2026-12-05: the warm start runs 1,500 steps; eight-worlds-2026-12-04, the same with 500 steps, stopped after
 # worlds 0-2 (experiments/figures/archive/warm500).
 DESIGN = "eight-worlds-2026-12-05"
+BASE_DESIGN = DESIGN  # `--stage2-steps N` runs the set as a design of its own: f"{BASE_DESIGN}+stage2-{N}"
 EARLIER_DESIGN = "five-worlds-2026-12-03"
 DMAX_FLAGS: dict[str, int | None] = {"low": None, "high": None}  # --d-low / --d-high: set D by hand
 
@@ -215,6 +216,17 @@ def set_seeds(n: int) -> None:
     if n < 1:
         raise ValueError(f"--seeds must be at least 1, got {n}")
     SEEDS = tuple(range(n))
+    RUNS = _registry(SEEDS)
+
+
+def set_stage2_steps(steps: int | None) -> None:
+    """Gives every stage-2 run `steps` steps (None: the preset's `train.steps`), as a design of its own: runs of
+    another length train again (`to_train`) and are never drawn beside these (`series`)."""
+    global STAGE2_STEPS, DESIGN, RUNS
+    if steps is not None and steps < 2:
+        raise ValueError(f"--stage2-steps must be at least 2 (evaluations at its start, middle and end), got {steps}")
+    STAGE2_STEPS = steps
+    DESIGN = BASE_DESIGN if steps is None else f"{BASE_DESIGN}+stage2-{steps}"
     RUNS = _registry(SEEDS)
 
 
@@ -467,7 +479,7 @@ def ensure(names, root: str, jobs: int = 2) -> None:
 
 
 def parse_args(description: str, argv=None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """The figure scripts' common flags; `--seeds`, `--d-low` and `--d-high` take effect here."""
+    """The figure scripts' common flags; `--seeds`, `--stage2-steps`, `--d-low` and `--d-high` take effect here."""
     parser = parser or argparse.ArgumentParser(description=description,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default=os.path.join(REPO, "runs", "figures"), help="where the runs live")
@@ -476,7 +488,10 @@ def parse_args(description: str, argv=None, parser: argparse.ArgumentParser | No
     parser.add_argument("--seeds", type=int, default=N_SEEDS, help=f"seeds per curve (default {N_SEEDS})")
     parser.add_argument("--d-low", type=int, default=None, help="D below the 99th percentile (default: from data)")
     parser.add_argument("--d-high", type=int, default=None, help="D above the 99th percentile (default: from data)")
+    parser.add_argument("--stage2-steps", type=int, default=None,
+                        help="every stage-2 run's length (default: the preset's train.steps); a design of its own")
     args = parser.parse_args(argv)
+    set_stage2_steps(args.stage2_steps)
     set_seeds(args.seeds)
     DMAX_FLAGS.update(low=args.d_low, high=args.d_high)
     return args

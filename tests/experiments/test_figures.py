@@ -27,6 +27,7 @@ from experiments.figures import table as table_module
 def _restore_registry():
     """Figure mains set the seed count and D flags module-wide; every test starts from the defaults."""
     yield
+    runs.set_stage2_steps(None)
     runs.set_seeds(runs.N_SEEDS)
     runs.DMAX_FLAGS.update(low=None, high=None)
 
@@ -218,6 +219,26 @@ def test_seed_count_is_a_flag():
     assert fig5_stage1_reward.names() == ["stage1_mgrpo_s0", "stage1_mgrpo_s1"]
     with pytest.raises(ValueError, match="at least 1"):
         runs.set_seeds(0)
+
+
+def test_stage2_length_is_a_flag_and_a_design_of_its_own(fake_logs, tmp_path):
+    base = runs.DESIGN
+    runs.parse_args("", ["--stage2-steps", "80", "--seeds", "2"])
+    assert runs.DESIGN == f"{base}+stage2-80" and runs.SEEDS == (0, 1)
+    cmd = runs.RUNS["stage2_mgrpo_s1"].command(str(tmp_path))  # evaluated at steps 0, 40 and 80
+    assert "--config.train.steps=80" in cmd and "--config.train.eval_every=40" in cmd
+    cmd = runs.RUNS["abl_align_mask_s0"].command(str(tmp_path))  # as long, never evaluated
+    assert "--config.train.steps=80" in cmd and "--config.train.eval_every=0" in cmd
+    assert not any(".train.steps=" in c for c in runs.RUNS["stage1_mgrpo_s0"].command(str(tmp_path)))
+    # A log of the preset's length is another design's: it trains again and is not drawn.
+    _write_logs(fake_logs, "stage2_mgrpo_s0", [{"step": 1, "main/reward": 0.5}])
+    (fake_logs / "stage2_mgrpo_s0.run.json").write_text(json.dumps({"design": base, "world": 0}))
+    assert not runs.has_current_log("stage2_mgrpo_s0")
+    assert "stage2_mgrpo_s0" in runs.to_train(["stage2_mgrpo_s0"], str(tmp_path))
+    runs.parse_args("", [])
+    assert runs.DESIGN == base and runs.STAGE2_STEPS is None and runs.has_current_log("stage2_mgrpo_s0")
+    with pytest.raises(ValueError, match="--stage2-steps must be at least 2"):
+        runs.set_stage2_steps(1)
 
 
 def test_run_command_names_the_preset_mode_seed_parent_and_ablation(tmp_path):
