@@ -244,3 +244,28 @@ def test_discard_partial_leaves_what_it_cannot_remove_for_the_next_run(tmp_path,
     monkeypatch.setattr(type(epath.Path(tmp_path)), "rmtree", always_busy)
     assert discard_partial(tmp_path, timeout_s=0.2) == []
     assert "next run removes it" in caplog.text
+
+
+def test_settle_waits_for_a_finalising_thread_the_manager_lost_track_of(tmp_path):
+    """A second Ctrl-C can land inside Orbax's save between the start of its finalising thread and the manager's
+    record of it; that thread then writes the step and prunes the one before after `wait()` returned. `settle`
+    joins it too, so the resume point read afterwards is the newest checkpoint on disk at exit."""
+    import time
+
+    from mgrpo_jax.runtime.checkpoint import complete_steps, orbax_threads, settle
+
+    with Checkpointer(tmp_path, keep=1) as ckpt:
+        ckpt.save(1, {"main": {"w": np.ones(4, np.float32)}}, {"step": 1}, force=True)
+        ckpt.wait()
+        finalize = ckpt._manager._finalize
+
+        def slow_finalize(*args, **kwargs):
+            time.sleep(1.0)  # the step's writes are done; its rename and the pruning of step 1 are still to come
+            return finalize(*args, **kwargs)
+
+        ckpt._manager._finalize = slow_finalize
+        ckpt.save(2, {"main": {"w": np.full(4, 2.0, np.float32)}}, {"step": 2}, force=True)
+        ckpt._manager._finalize_thread.set(None)  # the interrupted `set_from`: the thread runs, unrecorded
+        assert orbax_threads(), "the save's finalising thread should still be running"
+        assert settle(timeout_s=60)
+        assert complete_steps(tmp_path / "checkpoints") == [2] and not orbax_threads()
