@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -105,7 +106,7 @@ LOSS_2X2 = (("loss_recipe", "default"),)
 DMAX_FILE = "dmax.json"
 DK_HIST = "d_k/hist/"  # a metrics row's d_k histogram: d_k/hist/<d> = rollouts with d sub-calls
 PARAMS_SUFFIX = ".params.json"
-RUN_SUFFIX = ".run.json"  # a collected run's record: the set's design it belongs to, its world, pool and wall time
+RUN_SUFFIX = ".run.json"  # a collected run's record: design, world, pool, wall time, realisations descended from
 # The set's design: bumped whenever what a run trains changes, so a log of an earlier design is trained again
 # (`to_train`) and never drawn beside this design's (`series`). Logs collected before records existed are the
 # five-world set of 2026-12-03.
@@ -362,7 +363,9 @@ def collect_log(root: str, name: str) -> str:
     summary_path = os.path.join(workdir(root, name), "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     record = {"design": DESIGN, "world": RUNS[name].world if name in RUNS else None,
-              "wall_time_s": summary.get("run", {}).get("wall_time_s"), "pool_hash": summary.get("env/pool_hash")}
+              "wall_time_s": summary.get("run", {}).get("wall_time_s"), "pool_hash": summary.get("env/pool_hash"),
+              "log_hash": file_hash(dst),
+              "parents": {p: record_of(p).get("log_hash") for p in (RUNS[name].needs if name in RUNS else ())}}
     with open(os.path.join(LOGS, f"{name}{RUN_SUFFIX}"), "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
     counts = param_counts(workdir(root, name))
@@ -406,12 +409,19 @@ def to_train(names, root: str) -> list[str]:
     A run trains unless it finished under `root` or its log is collected for this `DESIGN` (`logs/<run>.jsonl` and
     its record, committed): the whole set resumes from the committed logs on another machine. A run that is
     collected but not finished here still trains when a run that trains starts from its checkpoint (`init`), which
-    only a finished workdir holds; the runs a run waits for (`after`) need only be finished or collected."""
+    only a finished workdir holds; the runs a run waits for (`after`) need only be finished or collected.
+
+    A run trained again is another realisation (lineages are not bit-reproducible), so every run of the lineage
+    that starts from it or waits for it, and is not finished here, trains again too: its collected log descends
+    from a checkpoint (or a question pool) that no longer exists, and would be paired with runs that do not."""
     order = lineage(names)
     train: set[str] = set()
     for name in reversed(order):  # a run's children are decided before it
         started_from = any(RUNS[child].init == name for child in train)
         if not is_done(root, name) and (not has_current_log(name) or started_from):
+            train.add(name)
+    for name in order:  # parents first, so the retraining reaches every generation below
+        if not is_done(root, name) and any(parent in train for parent in RUNS[name].needs):
             train.add(name)
     return [n for n in order if n in train]
 
@@ -435,6 +445,10 @@ def ensure(names, root: str, jobs: int = 2) -> None:
     waited for, not started twice, so figure scripts can be started side by side.
     """
     todo = to_train(names, root)
+    again = [n for n in todo if has_log(n)]
+    if again:
+        print(f"[figures] training again, though collected: {again} (a run that trains starts from them, or they "
+              f"descend from one that trains again, or their log is of another design)", flush=True)
     training = set(todo)
     rank = {n: (RUNS[n].world, -descendants(n), i) for i, n in enumerate(todo)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
@@ -513,17 +527,36 @@ def has_log(name: str) -> bool:
     return os.path.exists(os.path.join(LOGS, f"{name}.jsonl"))
 
 
-def design(name: str) -> str:
-    """The set's design a collected log belongs to (`DESIGN` of its record; `EARLIER_DESIGN` without one)."""
+def file_hash(path: str) -> str:
+    """A collected log's fingerprint (16 hex digits of its SHA-256): which realisation of a run it is."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def record_of(name: str) -> dict:
+    """A collected run's record (`logs/<run>.run.json`), {} without one."""
     path = os.path.join(LOGS, f"{name}{RUN_SUFFIX}")
     if not os.path.exists(path):
-        return EARLIER_DESIGN
+        return {}
     with open(path) as f:
-        return json.load(f).get("design", EARLIER_DESIGN)
+        return json.load(f)
+
+
+def design(name: str) -> str:
+    """The set's design a collected log belongs to (`DESIGN` of its record; `EARLIER_DESIGN` without one)."""
+    return record_of(name).get("design", EARLIER_DESIGN)
+
+
+def stale_parents(name: str) -> list[str]:
+    """The runs `name` started from or waited for whose collected log is no longer the realisation it descends
+    from (its record's `parents` hashes against theirs now). Records without hashes (collected before they
+    were kept) cannot tell and name none."""
+    recorded = record_of(name).get("parents") or {}
+    return [p for p, h in recorded.items() if h is not None and record_of(p).get("log_hash") not in (None, h)]
 
 
 def has_current_log(name: str) -> bool:
-    return has_log(name) and design(name) == DESIGN
+    return has_log(name) and design(name) == DESIGN and not stale_parents(name)
 
 
 def wall_times(names) -> dict[str, dict]:
@@ -555,6 +588,10 @@ def series(names, key: str) -> tuple[np.ndarray, np.ndarray]:
     if len(set(designs.values())) > 1:
         raise ValueError(f"runs {list(names)} were collected under different designs of the set ({designs}): "
                          f"finish this design's runs before drawing, or draw the earlier set from its own logs")
+    stale = {n: stale_parents(n) for n in names if stale_parents(n)}
+    if stale:
+        raise ValueError(f"runs {sorted(stale)} descend from realisations of {stale} that were trained again since: "
+                         f"train them again (the figure without --plot-only) before drawing them")
     per_run = [{row["step"]: row[key] for row in rl_rows(n) if key in row} for n in names]
     steps = sorted(set.intersection(*(set(d) for d in per_run)))
     if not steps:

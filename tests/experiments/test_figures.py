@@ -322,6 +322,7 @@ import json, os, sys
 workdir, d_max = sys.argv[1], sys.argv[2]
 os.makedirs(workdir, exist_ok=True)
 with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"warmstart_step": 0, "realisation": os.urandom(8).hex()}) + "\\n")  # no two runs alike
     for step in (1, 2):
         f.write(json.dumps({"step": step, "d_k/hist/0": 90, "d_k/hist/1": 5, "d_k/hist/2": 4, "d_k/hist/3": 1,
                             "main/reward": 0.1, "d_max": d_max}) + "\\n")
@@ -356,11 +357,15 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     # On another machine (a new root) the collected logs are the set: nothing trains again.
     runs.ensure(list(runs.RUNS), str(tmp_path / "elsewhere"), jobs=1)
     assert "starting" not in capsys.readouterr().out
-    # A leaf without its log trains again, and so does the chain whose checkpoint it starts from; the pool's
-    # filter it waits for is collected, so it does not.
+    # A leaf without its log trains again, and so does the chain whose checkpoint it starts from. That chain is
+    # then another realisation, so everything that starts from it or waits for its pool trains again too (the
+    # collected logs would otherwise be paired with runs of a stage-1 checkpoint they never started from); the
+    # other lineages' warm starts and stage 1 do not.
     (fake_logs / "abl_align_mask_s0.jsonl").unlink()
-    assert runs.to_train(list(runs.RUNS), str(tmp_path / "elsewhere")) == [
-        "warm_mgrpo_s0", "stage1_mgrpo_s0", "abl_align_mask_s0"]
+    again = runs.to_train(list(runs.RUNS), str(tmp_path / "elsewhere"))
+    assert again[:3] == ["warm_mgrpo_s0", "stage1_mgrpo_s0", "curriculum_s0"]
+    other_lineages = {f"{stage}_{kind}_s0" for stage in ("warm", "stage1") for kind in ("single", "shared", "shared2x")}
+    assert set(again) == set(runs.RUNS) - other_lineages
     # One at a time, the order is the priority: the runs that most others need first.
     for log in fake_logs.glob("*.jsonl"):
         log.unlink()
@@ -383,11 +388,44 @@ def test_logs_of_an_earlier_design_train_again_and_are_never_drawn_beside_this_o
                                                    "env/pool_hash": "abc"}))
     runs.collect_log(str(tmp_path), "stage2_mgrpo_s1")
     record = json.loads((fake_logs / "stage2_mgrpo_s1.run.json").read_text())
-    assert record == {"design": runs.DESIGN, "world": 1, "wall_time_s": 120.0, "pool_hash": "abc"}
+    assert record == {"design": runs.DESIGN, "world": 1, "wall_time_s": 120.0, "pool_hash": "abc",
+                      "log_hash": runs.file_hash(str(fake_logs / "stage2_mgrpo_s1.jsonl")),
+                      "parents": {"stage1_mgrpo_s1": None, "curriculum_s1": None}}
     with pytest.raises(ValueError, match="different designs"):
         runs.series(["stage2_mgrpo_s0", "stage2_mgrpo_s1"], "main/reward")
     assert runs.wall_times(["stage2_mgrpo_s0", "stage2_mgrpo_s1"]) == {
         "stage2_mgrpo": {"runs": 1, "mean_s": 120.0, "max_s": 120.0, "total_s": 120.0}}
+
+
+def test_a_log_whose_parent_was_trained_again_is_not_current_and_is_never_drawn(fake_logs, tmp_path):
+    """Each collected record names the realisation of every run it started from or waited for; once one of those is
+    collected anew (trained again elsewhere), the child's log is stale: it trains again and `series` refuses it."""
+
+    def finish(name, reward):
+        work = tmp_path / name
+        work.mkdir(exist_ok=True)
+        (work / "metrics.jsonl").write_text(json.dumps({"step": 1, "main/reward": reward}) + "\n")
+        (work / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
+        runs.collect_log(str(tmp_path), name)
+
+    for name in ("stage1_mgrpo_s0", "curriculum_s0", "stage2_mgrpo_s0", "stage2_frozen_sub_s0"):
+        finish(name, 0.5)
+    record = runs.record_of("stage2_mgrpo_s0")
+    assert record["parents"] == {"stage1_mgrpo_s0": runs.record_of("stage1_mgrpo_s0")["log_hash"],
+                                 "curriculum_s0": runs.record_of("curriculum_s0")["log_hash"]}
+    assert runs.has_current_log("stage2_mgrpo_s0") and runs.stale_parents("stage2_mgrpo_s0") == []
+    pair = ["stage2_mgrpo_s0", "stage2_frozen_sub_s0"]
+    assert runs.series(pair, "main/reward")[1].tolist() == [[0.5], [0.5]]
+    finish("stage1_mgrpo_s0", 0.6)  # another realisation of the stage-1 checkpoint
+    assert runs.stale_parents("stage2_mgrpo_s0") == ["stage1_mgrpo_s0"]
+    assert not runs.has_current_log("stage2_mgrpo_s0") and not runs.has_current_log("curriculum_s0")
+    elsewhere = str(tmp_path / "elsewhere")
+    assert {"curriculum_s0", "stage2_mgrpo_s0"} <= set(runs.to_train(["stage2_mgrpo_s0"], elsewhere))
+    with pytest.raises(ValueError, match=r"stage2_frozen_sub_s0.*stage2_mgrpo_s0.*trained again"):
+        runs.series(pair, "main/reward")
+    # A record collected before the hashes were kept cannot tell, and stays current.
+    (fake_logs / f"stage2_frozen_sub_s0{runs.RUN_SUFFIX}").write_text(json.dumps({"design": runs.DESIGN}))
+    assert runs.stale_parents("stage2_frozen_sub_s0") == [] and runs.has_current_log("stage2_frozen_sub_s0")
 
 
 def test_the_set_runs_world_by_world(tmp_path, fake_logs, monkeypatch, capsys):
