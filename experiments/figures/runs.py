@@ -351,20 +351,22 @@ def collect_log(root: str, name: str) -> str:
     dst = os.path.join(LOGS, f"{name}.jsonl")
     shutil.copyfile(src, dst)
     curriculum = os.path.join(workdir(root, name), "curriculum.json")
+    kept_pool, collected = os.path.join(LOGS, f"{name}.curriculum.json"), [dst]
     if os.path.exists(curriculum):
         with open(curriculum) as f:
             kept = json.load(f)
         if not name.startswith("curriculum_s"):  # a world's pool keeps its ids: later runs train on them
             kept["kept"] = len(kept["kept"])  # the count; the ids are regenerated from the seed
-        with open(os.path.join(LOGS, f"{name}.curriculum.json"), "w") as f:
+        with open(kept_pool, "w") as f:
             json.dump(kept, f, indent=1, sort_keys=True)
+        collected.append(kept_pool)
     if name.startswith("abl_dmax_") and os.path.exists(os.path.join(root, DMAX_FILE)):
         shutil.copyfile(os.path.join(root, DMAX_FILE), os.path.join(LOGS, DMAX_FILE))
     summary_path = os.path.join(workdir(root, name), "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
     record = {"design": DESIGN, "world": RUNS[name].world if name in RUNS else None,
               "wall_time_s": summary.get("run", {}).get("wall_time_s"), "pool_hash": summary.get("env/pool_hash"),
-              "log_hash": file_hash(dst),
+              "log_hash": file_hash(*collected),
               "parents": {p: record_of(p).get("log_hash") for p in (RUNS[name].needs if name in RUNS else ())}}
     with open(os.path.join(LOGS, f"{name}{RUN_SUFFIX}"), "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
@@ -527,10 +529,14 @@ def has_log(name: str) -> bool:
     return os.path.exists(os.path.join(LOGS, f"{name}.jsonl"))
 
 
-def file_hash(path: str) -> str:
-    """A collected log's fingerprint (16 hex digits of its SHA-256): which realisation of a run it is."""
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+def file_hash(*paths: str) -> str:
+    """A collected run's fingerprint (16 hex digits of the SHA-256 of its files, in order): which realisation of
+    the run it is. A question-pool filter logs no metrics; its pool (`<run>.curriculum.json`) tells instead."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 def record_of(name: str) -> dict:

@@ -401,19 +401,27 @@ def test_a_log_whose_parent_was_trained_again_is_not_current_and_is_never_drawn(
     """Each collected record names the realisation of every run it started from or waited for; once one of those is
     collected anew (trained again elsewhere), the child's log is stale: it trains again and `series` refuses it."""
 
-    def finish(name, reward):
+    def finish(name, reward, pool=None):
         work = tmp_path / name
         work.mkdir(exist_ok=True)
-        (work / "metrics.jsonl").write_text(json.dumps({"step": 1, "main/reward": reward}) + "\n")
+        rows = "" if pool else json.dumps({"step": 1, "main/reward": reward}) + "\n"  # a filter logs no metrics
+        (work / "metrics.jsonl").write_text(rows)
+        if pool:
+            (work / "curriculum.json").write_text(json.dumps({"kept": pool}))
         (work / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
         runs.collect_log(str(tmp_path), name)
 
-    for name in ("stage1_mgrpo_s0", "curriculum_s0", "stage2_mgrpo_s0", "stage2_frozen_sub_s0"):
-        finish(name, 0.5)
+    finish("stage1_mgrpo_s0", 0.5)
+    finish("curriculum_s0", None, pool=["q1", "q2"])
+    finish("stage2_mgrpo_s0", 0.5)
+    finish("stage2_frozen_sub_s0", 0.5)
     record = runs.record_of("stage2_mgrpo_s0")
     assert record["parents"] == {"stage1_mgrpo_s0": runs.record_of("stage1_mgrpo_s0")["log_hash"],
                                  "curriculum_s0": runs.record_of("curriculum_s0")["log_hash"]}
     assert runs.has_current_log("stage2_mgrpo_s0") and runs.stale_parents("stage2_mgrpo_s0") == []
+    finish("curriculum_s0", None, pool=["q1", "q3"])  # a filter run again: an empty log, another pool
+    assert runs.stale_parents("stage2_mgrpo_s0") == ["curriculum_s0"]
+    finish("curriculum_s0", None, pool=["q1", "q2"])
     pair = ["stage2_mgrpo_s0", "stage2_frozen_sub_s0"]
     assert runs.series(pair, "main/reward")[1].tolist() == [[0.5], [0.5]]
     finish("stage1_mgrpo_s0", 0.6)  # another realisation of the stage-1 checkpoint
