@@ -417,15 +417,18 @@ def to_train(names, root: str) -> list[str]:
     that starts from it or waits for it, and is not finished here, trains again too: its collected log descends
     from a checkpoint (or a question pool) that no longer exists, and would be paired with runs that do not."""
     order = lineage(names)
-    train: set[str] = set()
-    for name in reversed(order):  # a run's children are decided before it
-        started_from = any(RUNS[child].init == name for child in train)
-        if not is_done(root, name) and (not has_current_log(name) or started_from):
-            train.add(name)
-    for name in order:  # parents first, so the retraining reaches every generation below
-        if not is_done(root, name) and any(parent in train for parent in RUNS[name].needs):
-            train.add(name)
-    return [n for n in order if n in train]
+    train = {n for n in order if not is_done(root, n) and not has_current_log(n)}
+    while True:  # until nothing changes: each rule can bring in runs the other one then reaches
+        grown = set(train)
+        for name in reversed(order):  # children first: a checkpoint a trained run starts from must be here
+            if not is_done(root, name) and any(RUNS[child].init == name for child in grown):
+                grown.add(name)
+        for name in order:  # parents first: a lineage trained again takes every generation below it along
+            if not is_done(root, name) and any(parent in grown for parent in RUNS[name].needs):
+                grown.add(name)
+        if grown == train:
+            return [n for n in order if n in train]
+        train = grown
 
 
 def ready(name: str, root: str, training) -> bool:
@@ -448,9 +451,12 @@ def ensure(names, root: str, jobs: int = 2) -> None:
     """
     todo = to_train(names, root)
     again = [n for n in todo if has_log(n)]
-    if again:
-        print(f"[figures] training again, though collected: {again} (a run that trains starts from them, or they "
-              f"descend from one that trains again, or their log is of another design)", flush=True)
+    other_design = [n for n in again if design(n) != DESIGN]
+    for names_, why in ((other_design, f"logged under another design than {DESIGN!r}"),
+                        ([n for n in again if n not in other_design],
+                         "of a lineage trained again here (a run that trains starts from them, or from their parent)")):
+        if names_:
+            print(f"[figures] {len(names_)} collected runs train again, {why}: {by_kind(names_)}", flush=True)
     training = set(todo)
     rank = {n: (RUNS[n].world, -descendants(n), i) for i, n in enumerate(todo)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
@@ -563,6 +569,15 @@ def stale_parents(name: str) -> list[str]:
 
 def has_current_log(name: str) -> bool:
     return has_log(name) and design(name) == DESIGN and not stale_parents(name)
+
+
+def by_kind(names) -> str:
+    """Run names in short, by kind (the name without its world): "stage2_mgrpo x8, curriculum x1"."""
+    counts: dict[str, int] = {}
+    for name in names:
+        kind = name.rsplit("_s", 1)[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{kind} x{n}" for kind, n in counts.items())
 
 
 def wall_times(names) -> dict[str, dict]:

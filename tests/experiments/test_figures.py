@@ -359,13 +359,19 @@ def test_ensure_runs_parents_first_and_the_dmax_ablation_after_the_stage2_runs(t
     assert "starting" not in capsys.readouterr().out
     # A leaf without its log trains again, and so does the chain whose checkpoint it starts from. That chain is
     # then another realisation, so everything that starts from it or waits for its pool trains again too (the
-    # collected logs would otherwise be paired with runs of a stage-1 checkpoint they never started from); the
-    # other lineages' warm starts and stage 1 do not.
+    # collected logs would otherwise be paired with runs of a stage-1 checkpoint they never started from): the
+    # world's new pool reaches every stage-2 run, and those need their own lineages' checkpoints, which this
+    # machine does not hold. Only the leaf's own chain would train before.
     (fake_logs / "abl_align_mask_s0.jsonl").unlink()
+    assert runs.to_train(["stage2_mgrpo_s0"], str(tmp_path / "elsewhere")) == []
     again = runs.to_train(list(runs.RUNS), str(tmp_path / "elsewhere"))
-    assert again[:3] == ["warm_mgrpo_s0", "stage1_mgrpo_s0", "curriculum_s0"]
-    other_lineages = {f"{stage}_{kind}_s0" for stage in ("warm", "stage1") for kind in ("single", "shared", "shared2x")}
-    assert set(again) == set(runs.RUNS) - other_lineages
+    assert set(again) == set(runs.RUNS)
+    for name in again:
+        assert all(again.index(parent) < again.index(name) for parent in runs.RUNS[name].needs)
+    runs.ensure(list(runs.RUNS), str(tmp_path / "elsewhere"), jobs=2)
+    said = capsys.readouterr().out
+    assert f"{len(again) - 1} collected runs train again, of a lineage trained again here" in said
+    assert "stage2_mgrpo x1" in said and "another design" not in said
     # One at a time, the order is the priority: the runs that most others need first.
     for log in fake_logs.glob("*.jsonl"):
         log.unlink()
