@@ -395,14 +395,26 @@ def param_counts(run_dir: str) -> dict[str, int]:
 
 
 def _owner(root: str, name: str) -> int | None:
-    """The pid of a live process training `name` (its `<root>/<name>.pid`), or None."""
+    """The pid of a live process training `name` (its `<root>/<name>.pid`), or None. Where the system shows command
+    lines (/proc), a live pid whose command does not name the run's workdir is no owner: the file outlived its
+    process (an invocation killed before removing it) and the system gave the pid to another program."""
     try:
         with open(os.path.join(root, f"{name}.pid")) as f:
             pid = int(f.read().strip())
         os.kill(pid, 0)
+        if os.path.isdir("/proc"):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # gone with its process: FileNotFoundError
+                if workdir(root, name).encode() not in f.read():
+                    return None
     except (FileNotFoundError, ValueError, ProcessLookupError):
         return None
     return pid
+
+
+def trained_elsewhere(root: str, mine) -> int:
+    """How many unfinished runs under `root` another live process is training (not those of `mine`)."""
+    names = [f[:-len(".pid")] for f in os.listdir(root) if f.endswith(".pid")] if os.path.isdir(root) else []
+    return sum(1 for n in names if n not in mine and not is_done(root, n) and _owner(root, n))
 
 
 def to_train(names, root: str) -> list[str]:
@@ -447,7 +459,8 @@ def ensure(names, root: str, jobs: int = 2) -> None:
     World by world: of the runs ready to start, the lowest world goes first, and within it those that more runs
     need (the chain of warm start, stage 1 and stage 2 before the leaves), so an interrupted set leaves whole
     worlds collected. A run already being trained by another invocation (a live pid in `<root>/<run>.pid`) is
-    waited for, not started twice, so figure scripts can be started side by side.
+    waited for, not started twice, so figure scripts can be started side by side; `jobs` counts those runs too, so
+    side by side they share one budget rather than each taking `jobs` cores' worth.
     """
     todo = to_train(names, root)
     again = [n for n in todo if has_log(n)]
@@ -480,7 +493,7 @@ def ensure(names, root: str, jobs: int = 2) -> None:
         todo = [n for n in todo if n not in finished]
         startable = sorted((n for n in todo if ready(n, root, training) and not _owner(root, n)),
                            key=rank.__getitem__)
-        while startable and len(running) < jobs:
+        while startable and len(running) + trained_elsewhere(root, running) < jobs:
             name = startable.pop(0)
             todo.remove(name)
             command = RUNS[name].command(root)
@@ -491,9 +504,10 @@ def ensure(names, root: str, jobs: int = 2) -> None:
                 f.write(str(proc.pid))
             running[name] = (proc, time.monotonic())
         waiting = [n for n in todo if _owner(root, n) or not ready(n, root, training)]
-        if not running and todo and not any(_owner(root, n) for n in lineage(todo) if not is_done(root, n)):
+        if (not running and todo and not startable  # startable but not started: the budget is another's, for now
+                and not any(_owner(root, n) for n in lineage(todo) if not is_done(root, n))):
             raise RuntimeError(f"runs {todo} cannot start: a run they need is neither finished nor running")
-        if running or waiting:
+        if running or waiting or startable:
             time.sleep(2)
     for name in lineage(names):
         if is_done(root, name):

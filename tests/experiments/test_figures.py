@@ -442,6 +442,57 @@ def test_a_log_whose_parent_was_trained_again_is_not_current_and_is_never_drawn(
     assert runs.stale_parents("stage2_frozen_sub_s0") == [] and runs.has_current_log("stage2_frozen_sub_s0")
 
 
+def test_runs_another_invocation_trains_count_against_jobs(tmp_path, fake_logs, monkeypatch, capsys):
+    """Two figure scripts side by side share `--jobs`: a live run of the other one takes a slot, a finished run's
+    leftover pid file does not, and the waiting run starts once the other run is done."""
+    import subprocess
+
+    runs.set_seeds(1)
+    root = tmp_path / "root"
+    root.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              f"--workdir={runs.workdir(str(root), 'warm_single_s0')}"])
+    try:
+        (root / "warm_single_s0.pid").write_text(str(other.pid))  # being trained by another invocation
+        (root / "warm_shared2x_s0.pid").write_text(str(os.getpid()))  # a live pid, of another program
+        assert runs._owner(str(root), "warm_single_s0") == other.pid
+        assert runs._owner(str(root), "warm_shared2x_s0") is None
+        (root / "warm_shared_s0.pid").write_text(str(os.getpid()))  # a live pid, but that run is finished:
+        (root / "warm_shared_s0").mkdir()  # its owner was killed before removing the file
+        (root / "warm_shared_s0" / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
+        assert runs.trained_elsewhere(str(root), {}) == 1
+        assert runs.trained_elsewhere(str(root), {"warm_single_s0": None}) == 0
+        started = []
+
+        class Started(Exception):
+            pass
+
+        def fake_popen(command, **kwargs):
+            started.append((command, runs.trained_elsewhere(str(root), {})))
+            raise Started
+
+        monkeypatch.setattr(runs.subprocess, "Popen", fake_popen)
+        with pytest.raises(Started):
+            runs.ensure(["warm_mgrpo_s0"], str(root), jobs=2)  # one slot left: starts
+        with pytest.raises(Started):
+            runs.ensure(["warm_mgrpo_s0", "warm_single_s0"], str(root), jobs=2)
+        assert len(started) == 2 and all(elsewhere == 1 for _, elsewhere in started)
+        sleeps = []
+
+        def sleep(seconds):  # jobs=1: no slot while the other run lives; it then ends
+            sleeps.append(seconds)
+            other.kill()
+            other.wait()
+
+        monkeypatch.setattr(runs.time, "sleep", sleep)
+        with pytest.raises(Started):
+            runs.ensure(["warm_mgrpo_s0"], str(root), jobs=1)
+        assert len(sleeps) == 1 and len(started) == 3
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_the_set_runs_world_by_world(tmp_path, fake_logs, monkeypatch, capsys):
     runs.set_seeds(3)
     monkeypatch.setattr(runs.Run, "command", lambda self, root: [sys.executable, "-c", _FAKE_RUN,
