@@ -4,6 +4,7 @@
                                           [--d-low D] [--d-high D]
     python -m experiments.figures.run_all --plot-only   # redraw from experiments/figures/logs, no training
     python -m experiments.figures.run_all --table       # print the README's results tables from results/*.json
+    python -m experiments.figures.run_all --status      # what is collected, running and left, and about how long
 
 Runs the positive control first: the first seed's warm start and stage 1, checked by `positive_control.gate`
 (format kept, rewards that vary within groups, updates that move the policy); a failed control stops here, before
@@ -54,12 +55,35 @@ def control(root: str, jobs: int) -> None:
     print(f"[figures] positive control passed ({warm}, {stage1})", flush=True)
 
 
+def status(root: str, jobs: int) -> str:
+    """The set's progress under `root` by run kind, and the wall time left at `jobs` runs at a time, estimated from
+    each kind's mean recorded wall time (kinds without a record are named, not guessed)."""
+    kinds = runs.progress(root)
+    total = {key: sum(row[key] for row in kinds.values()) for key in ("runs", "collected", "running", "to_train")}
+    lines = [f"design {runs.DESIGN} under {root}: {total['collected']} of {total['runs']} runs collected, "
+             f"{total['running']} running, {total['to_train']} to train",
+             f"{'kind':<24}{'runs':>6}{'collected':>11}{'running':>9}{'to train':>10}{'mean s':>9}"]
+    for kind, row in kinds.items():
+        mean = "-" if row["mean_s"] is None else f"{row['mean_s']:.0f}"
+        lines.append(f"{kind:<24}{row['runs']:>6}{row['collected']:>11}{row['running']:>9}{row['to_train']:>10}"
+                     f"{mean:>9}")
+    unknown = [kind for kind, row in kinds.items() if row["to_train"] and row["mean_s"] is None]
+    left_s = sum(row["to_train"] * row["mean_s"] for row in kinds.values() if row["to_train"] and row["mean_s"])
+    lines.append(f"about {left_s / 3600 / max(jobs, 1):.1f} h of training left at --jobs {jobs}"
+                 + (f", besides {unknown} (no recorded wall time)" if unknown else ""))
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", action="store_true", help="print the README tables from results/*.json only")
+    parser.add_argument("--status", action="store_true", help="print where the set stands under --root; train nothing")
     args = runs.parse_args(__doc__, argv, parser)
     if args.table:
         table.main([])
+        return
+    if args.status:
+        print(status(args.root, args.jobs), end="")
         return
     start = time.monotonic()
     if not args.plot_only:

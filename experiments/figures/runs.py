@@ -594,6 +594,25 @@ def by_kind(names) -> str:
     return ", ".join(f"{kind} x{n}" for kind, n in counts.items())
 
 
+def progress(root: str) -> dict[str, dict]:
+    """Where this design's set stands under `root`, by run kind: {kind: {"runs", "collected", "running", "to_train",
+    "mean_s"}}, `mean_s` the kind's mean recorded wall time (this design's records, else any design's; None without
+    one). Collected counts this design's current logs; a run finished here is collected as the set goes on."""
+    todo = set(to_train(list(RUNS), root))
+    kinds: dict[str, dict] = {}
+    for name in RUNS:
+        kind = kinds.setdefault(name.rsplit("_s", 1)[0], {"runs": 0, "collected": 0, "running": 0, "to_train": 0})
+        kind["runs"] += 1
+        kind["collected"] += has_current_log(name)
+        kind["running"] += bool(_owner(root, name)) and not is_done(root, name)
+        kind["to_train"] += name in todo
+    current = wall_times([n for n in RUNS if has_current_log(n)])
+    every = wall_times(list(RUNS))
+    for kind, row in kinds.items():
+        row["mean_s"] = (current.get(kind) or every.get(kind) or {}).get("mean_s")
+    return kinds
+
+
 def wall_times(names) -> dict[str, dict]:
     """Wall time per run kind (the name without its world) over the collected runs of `names` that recorded it:
     {kind: {"runs", "mean_s", "max_s", "total_s"}}."""

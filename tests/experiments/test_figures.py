@@ -769,6 +769,28 @@ def test_the_positive_control_gate_names_what_would_make_the_runs_pointless():
     assert positive_control.gate(warm, [], 0.95) == ["stage 1 logged no RL step"]
 
 
+def test_run_all_status_counts_the_set_by_kind_and_estimates_the_time_left(tmp_path, fake_logs, capsys):
+    runs.set_seeds(1)
+    root = tmp_path / "root"
+    for name, seconds in (("warm_mgrpo_s0", 700.0), ("stage1_mgrpo_s0", 200.0)):
+        (root / name).mkdir(parents=True)
+        (root / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "main/reward": 0.1}) + "\n")
+        (root / name / "summary.json").write_text(json.dumps({"run": {"status": "finished", "wall_time_s": seconds}}))
+        runs.collect_log(str(root), name)
+    # Another design's warm_single: trains again here, and its recorded wall time is the kind's estimate.
+    _write_logs(fake_logs, "warm_single_s0", [])
+    (fake_logs / f"warm_single_s0{runs.RUN_SUFFIX}").write_text(json.dumps({"design": "x", "wall_time_s": 3600.0}))
+    kinds = runs.progress(str(root))
+    assert kinds["warm_mgrpo"] == {"runs": 1, "collected": 1, "running": 0, "to_train": 0, "mean_s": 700.0}
+    assert kinds["warm_single"] == {"runs": 1, "collected": 0, "running": 0, "to_train": 1, "mean_s": 3600.0}
+    assert sum(k["to_train"] for k in kinds.values()) == len(runs.RUNS) - 2
+    run_all.main(["--status", "--root", str(root), "--seeds", "1", "--jobs", "2"])
+    out = capsys.readouterr().out
+    assert f"2 of {len(runs.RUNS)} runs collected, 0 running, {len(runs.RUNS) - 2} to train" in out
+    assert "about 0.5 h of training left at --jobs 2, besides [" in out and "'warm_shared'" in out
+    assert not (root / "curriculum_s0").exists()  # nothing trained
+
+
 def test_run_all_stops_on_a_failed_positive_control_before_the_other_runs(tmp_path, monkeypatch):
     ensured = []
     monkeypatch.setattr(runs, "ensure", lambda names, root, jobs: ensured.append(list(names)))
