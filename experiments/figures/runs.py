@@ -581,8 +581,24 @@ def stale_parents(name: str) -> list[str]:
     return [p for p, h in recorded.items() if h is not None and record_of(p).get("log_hash") not in (None, h)]
 
 
+def stale_ancestry(name: str) -> dict[str, list[str]]:
+    """{run: its stale parents} over `name` and the ancestors its records name, those with any: a log whose
+    grandparent was trained again is no more current than its parent."""
+    stale, seen, todo = {}, set(), [name]
+    while todo:
+        run = todo.pop()
+        if run in seen:
+            continue
+        seen.add(run)
+        if stale_parents(run):
+            stale[run] = stale_parents(run)
+        todo += [p for p in record_of(run).get("parents") or {} if has_log(p)]
+    return stale
+
+
 def has_current_log(name: str) -> bool:
-    return has_log(name) and design(name) == DESIGN and not stale_parents(name)
+    """A collected log of this `DESIGN` that descends from the collected realisations of its ancestors."""
+    return has_log(name) and design(name) == DESIGN and not stale_ancestry(name)
 
 
 def by_kind(names) -> str:
@@ -642,9 +658,9 @@ def series(names, key: str) -> tuple[np.ndarray, np.ndarray]:
     if len(set(designs.values())) > 1:
         raise ValueError(f"runs {list(names)} were collected under different designs of the set ({designs}): "
                          f"finish this design's runs before drawing, or draw the earlier set from its own logs")
-    stale = {n: stale_parents(n) for n in names if stale_parents(n)}
+    stale = {n: stale_ancestry(n) for n in names if stale_ancestry(n)}
     if stale:
-        raise ValueError(f"runs {sorted(stale)} descend from realisations of {stale} that were trained again since: "
+        raise ValueError(f"runs {sorted(stale)} descend from runs whose parents were trained again since ({stale}): "
                          f"train them again (the figure without --plot-only) before drawing them")
     per_run = [{row["step"]: row[key] for row in rl_rows(n) if key in row} for n in names]
     steps = sorted(set.intersection(*(set(d) for d in per_run)))

@@ -417,6 +417,7 @@ def test_a_log_whose_parent_was_trained_again_is_not_current_and_is_never_drawn(
         (work / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
         runs.collect_log(str(tmp_path), name)
 
+    finish("warm_mgrpo_s0", 0.4)
     finish("stage1_mgrpo_s0", 0.5)
     finish("curriculum_s0", None, pool=["q1", "q2"])
     finish("stage2_mgrpo_s0", 0.5)
@@ -428,6 +429,14 @@ def test_a_log_whose_parent_was_trained_again_is_not_current_and_is_never_drawn(
     finish("curriculum_s0", None, pool=["q1", "q3"])  # a filter run again: an empty log, another pool
     assert runs.stale_parents("stage2_mgrpo_s0") == ["curriculum_s0"]
     finish("curriculum_s0", None, pool=["q1", "q2"])
+    assert runs.has_current_log("stage2_mgrpo_s0")
+    finish("warm_mgrpo_s0", 0.45)  # a grandparent trained again: the child is stale through its parent
+    assert runs.stale_parents("stage2_mgrpo_s0") == [] and runs.stale_parents("stage1_mgrpo_s0") == ["warm_mgrpo_s0"]
+    assert not runs.has_current_log("stage2_mgrpo_s0")
+    assert runs.stale_ancestry("stage2_mgrpo_s0") == {"stage1_mgrpo_s0": ["warm_mgrpo_s0"]}
+    with pytest.raises(ValueError, match="stage2_mgrpo_s0.*trained again"):
+        runs.series(["stage2_mgrpo_s0"], "main/reward")
+    finish("warm_mgrpo_s0", 0.4)
     pair = ["stage2_mgrpo_s0", "stage2_frozen_sub_s0"]
     assert runs.series(pair, "main/reward")[1].tolist() == [[0.5], [0.5]]
     finish("stage1_mgrpo_s0", 0.6)  # another realisation of the stage-1 checkpoint
