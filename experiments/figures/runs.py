@@ -590,8 +590,9 @@ def stale_ancestry(name: str) -> dict[str, list[str]]:
         if run in seen:
             continue
         seen.add(run)
-        if stale_parents(run):
-            stale[run] = stale_parents(run)
+        parents = stale_parents(run)
+        if parents:
+            stale[run] = parents
         todo += [p for p in record_of(run).get("parents") or {} if has_log(p)]
     return stale
 
@@ -601,12 +602,16 @@ def has_current_log(name: str) -> bool:
     return has_log(name) and design(name) == DESIGN and not stale_ancestry(name)
 
 
+def kind_of(name: str) -> str:
+    """A run's kind: its name without its world ("stage2_mgrpo_s3" -> "stage2_mgrpo")."""
+    return name.rsplit("_s", 1)[0]
+
+
 def by_kind(names) -> str:
-    """Run names in short, by kind (the name without its world): "stage2_mgrpo x8, curriculum x1"."""
+    """Run names in short, by kind: "stage2_mgrpo x8, curriculum x1"."""
     counts: dict[str, int] = {}
     for name in names:
-        kind = name.rsplit("_s", 1)[0]
-        counts[kind] = counts.get(kind, 0) + 1
+        counts[kind_of(name)] = counts.get(kind_of(name), 0) + 1
     return ", ".join(f"{kind} x{n}" for kind, n in counts.items())
 
 
@@ -617,7 +622,7 @@ def progress(root: str) -> dict[str, dict]:
     todo = set(to_train(list(RUNS), root))
     kinds: dict[str, dict] = {}
     for name in RUNS:
-        kind = kinds.setdefault(name.rsplit("_s", 1)[0], {"runs": 0, "collected": 0, "running": 0, "to_train": 0})
+        kind = kinds.setdefault(kind_of(name), {"runs": 0, "collected": 0, "running": 0, "to_train": 0})
         kind["runs"] += 1
         kind["collected"] += has_current_log(name)
         kind["running"] += bool(_owner(root, name)) and not is_done(root, name)
@@ -639,7 +644,7 @@ def wall_times(names) -> dict[str, dict]:
             with open(path) as f:
                 seconds = json.load(f).get("wall_time_s")
             if seconds is not None:
-                kinds.setdefault(name.rsplit("_s", 1)[0], []).append(float(seconds))
+                kinds.setdefault(kind_of(name), []).append(float(seconds))
     return {kind: {"runs": len(t), "mean_s": float(np.mean(t)), "max_s": float(np.max(t)), "total_s": float(sum(t))}
             for kind, t in sorted(kinds.items())}
 
@@ -658,7 +663,7 @@ def series(names, key: str) -> tuple[np.ndarray, np.ndarray]:
     if len(set(designs.values())) > 1:
         raise ValueError(f"runs {list(names)} were collected under different designs of the set ({designs}): "
                          f"finish this design's runs before drawing, or draw the earlier set from its own logs")
-    stale = {n: stale_ancestry(n) for n in names if stale_ancestry(n)}
+    stale = {n: ancestry for n in names if (ancestry := stale_ancestry(n))}
     if stale:
         raise ValueError(f"runs {sorted(stale)} descend from runs whose parents were trained again since ({stale}): "
                          f"train them again (the figure without --plot-only) before drawing them")
