@@ -52,6 +52,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -402,13 +403,24 @@ def _owner(root: str, name: str) -> int | None:
         with open(os.path.join(root, f"{name}.pid")) as f:
             pid = int(f.read().strip())
         os.kill(pid, 0)
-        if os.path.isdir("/proc"):
-            with open(f"/proc/{pid}/cmdline", "rb") as f:  # gone with its process: FileNotFoundError
-                if workdir(root, name).encode() not in f.read():
-                    return None
+        if os.path.isdir("/proc") and workdir(root, name).encode() not in _command_line(pid):
+            return None
     except (FileNotFoundError, ValueError, ProcessLookupError):
         return None
     return pid
+
+
+def _command_line(pid: int, settle_s: float = 1.0) -> bytes:
+    """`/proc/<pid>/cmdline` (FileNotFoundError once the process is gone). Popen returns when the child's exec closes
+    its close-on-exec pipe, a moment before the kernel records the new arguments: a process that has just started
+    reads empty for a while, so an empty line is read again (a kernel thread, never given one, stays empty)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read()
+        if line or time.monotonic() > deadline:
+            return line
+        threading.Event().wait(0.01)  # not time.sleep, which tests of the scheduler replace
 
 
 def trained_elsewhere(root: str, mine) -> int:

@@ -1,5 +1,6 @@
 """The figure pipeline: run lineage, log reading, the statistics of the claims, and drawing from committed logs."""
 
+import io
 import json
 import math
 import os
@@ -464,7 +465,7 @@ def test_runs_another_invocation_trains_count_against_jobs(tmp_path, fake_logs, 
     try:
         (root / "warm_single_s0.pid").write_text(str(other.pid))  # being trained by another invocation
         (root / "warm_shared2x_s0.pid").write_text(str(os.getpid()))  # a live pid, of another program
-        assert runs._owner(str(root), "warm_single_s0") == other.pid
+        assert runs._owner(str(root), "warm_single_s0") == other.pid  # at once: its arguments may not be set yet
         assert runs._owner(str(root), "warm_shared2x_s0") is None
         (root / "warm_shared_s0.pid").write_text(str(os.getpid()))  # a live pid, but that run is finished:
         (root / "warm_shared_s0").mkdir()  # its owner was killed before removing the file
@@ -500,6 +501,31 @@ def test_runs_another_invocation_trains_count_against_jobs(tmp_path, fake_logs, 
     finally:
         other.kill()
         other.wait()
+
+
+def test_runs_an_owner_read_before_its_exec_set_the_arguments_is_read_again(tmp_path, monkeypatch):
+    """A process that has just started reads an empty command line for a moment: it is read again, not taken for
+    another program (which would let a second figure script start the same run)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "warm_single_s0.pid").write_text(str(os.getpid()))
+    real_open, reads = open, []
+
+    def opening(path, *args, **kwargs):
+        if str(path).endswith("/cmdline"):
+            reads.append(path)
+            if len(reads) < 3:
+                return io.BytesIO(b"")
+            return io.BytesIO(f"python\0--workdir={runs.workdir(str(root), 'warm_single_s0')}\0".encode())
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", opening)
+    assert runs._owner(str(root), "warm_single_s0") == os.getpid()
+    assert len(reads) == 3
+    # A command line that stays empty (a kernel thread's) is no owner.
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: io.BytesIO(b"") if str(path).endswith("/cmdline")
+                        else real_open(path, *a, **k))
+    assert runs._owner(str(root), "warm_single_s0") is None
 
 
 def test_the_set_runs_world_by_world(tmp_path, fake_logs, monkeypatch, capsys):
