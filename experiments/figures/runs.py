@@ -45,6 +45,7 @@ evaluations) at its step 0 and stops.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import hashlib
 import json
@@ -621,9 +622,7 @@ def kind_of(name: str) -> str:
 
 def by_kind(names) -> str:
     """Run names in short, by kind: "stage2_mgrpo x8, curriculum x1"."""
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[kind_of(name)] = counts.get(kind_of(name), 0) + 1
+    counts = collections.Counter(kind_of(name) for name in names)
     return ", ".join(f"{kind} x{n}" for kind, n in counts.items())
 
 
