@@ -20,7 +20,6 @@ from their last checkpoint.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 from experiments.figures import (
@@ -48,8 +47,8 @@ def control(root: str, jobs: int) -> None:
     warm, stage1 = f"warm_mgrpo_s{runs.SEEDS[0]}", f"stage1_mgrpo_s{runs.SEEDS[0]}"
     runs.ensure([stage1], root, jobs)
     target = get_config("xbench", "figures").warmstart.format_target
-    problems = positive_control.gate(read_jsonl(os.path.join(runs.workdir(root, warm), "metrics.jsonl")),
-                                     read_jsonl(os.path.join(runs.workdir(root, stage1), "metrics.jsonl")), target)
+    problems = positive_control.gate(read_jsonl(runs.metrics_log(root, warm)),
+                                     read_jsonl(runs.metrics_log(root, stage1)), target)
     if problems:
         raise SystemExit("positive control failed; fix the setup before the long runs:\n  " + "\n  ".join(problems))
     print(f"[figures] positive control passed ({warm}, {stage1})", flush=True)

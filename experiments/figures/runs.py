@@ -247,6 +247,14 @@ def is_done(root: str, name: str) -> bool:
         return False
 
 
+def metrics_log(root: str, name: str) -> str:
+    """The run's metrics: its workdir's when it finished under `root`, else its collected log (a set resumed on
+    another machine holds no workdir for the runs collected before)."""
+    if is_done(root, name):
+        return os.path.join(workdir(root, name), "metrics.jsonl")
+    return os.path.join(LOGS, f"{name}.jsonl")
+
+
 def lineage(names) -> list[str]:
     """`names` and every run they start from or wait for, those first."""
     order: list[str] = []
@@ -315,9 +323,7 @@ def dmax_choice(root: str) -> dict:
         missing = [n for n in names if not (is_done(root, n) or has_current_log(n))]
         if missing:
             raise RuntimeError(f"D for the d_max ablation comes from runs {missing}, which are not finished")
-        logs = {n: os.path.join(workdir(root, n), "metrics.jsonl") if is_done(root, n)
-                else os.path.join(LOGS, f"{n}.jsonl") for n in names}
-        rows = {n: [r for r in read_jsonl(log) if f"{DK_HIST}0" in r] for n, log in logs.items()}
+        rows = {n: [r for r in read_jsonl(metrics_log(root, n)) if f"{DK_HIST}0" in r] for n in names}
         choice = {**dmax_from_counts(stats.summed_counts(rows, DK_HIST), preset_value("rollout.d_max")),
                   "from_runs": names, "source": "data", "design": DESIGN}
     for arm, value in DMAX_FLAGS.items():

@@ -833,11 +833,33 @@ def test_run_all_stops_on_a_failed_positive_control_before_the_other_runs(tmp_pa
                        ("stage1_mgrpo_s0", [{"step": 1, "main/reward": 0.3}, {"step": 2, "main/reward": 0.3}])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp_path / name / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
     with pytest.raises(SystemExit, match="positive control failed") as info:
         run_all.main(["--root", str(tmp_path)])
     message = str(info.value)
     assert "warmstart/main/format_ok = 0.50" in message and "main/reward is 0.3 at every step" in message
     assert ensured == [["stage1_mgrpo_s0"]]  # nothing else was trained
+
+
+def test_run_all_reads_the_positive_control_from_collected_logs_on_a_machine_without_their_runs(
+        tmp_path, fake_logs, monkeypatch, capsys):
+    # The set resumed on another machine: seed 0's warm start and stage 1 are collected, their workdirs are not here.
+    monkeypatch.setattr(runs, "ensure", lambda names, root, jobs: None)
+    warm = [{"warmstart_step": 500, "warmstart/main/format_ok": 0.99, "warmstart/sub/format_ok": 1.0}]
+    stage1 = [{"step": s, "main/reward": 0.2 * s, "main/zero_std_groups": 1.0, "main/train/grad_norm": 0.3,
+               "main/train/approx_kl": 1e-3} for s in (1, 2)]
+    _write_logs(fake_logs, "warm_mgrpo_s0", warm)
+    _write_logs(fake_logs, "stage1_mgrpo_s0", stage1)
+    root = tmp_path / "root"
+    run_all.control(str(root), 2)
+    assert "positive control passed (warm_mgrpo_s0, stage1_mgrpo_s0)" in capsys.readouterr().out
+    # A run finished here is read from its workdir, not from the log collected before.
+    (root / "warm_mgrpo_s0").mkdir(parents=True)
+    (root / "warm_mgrpo_s0" / "metrics.jsonl").write_text(
+        json.dumps({"warmstart_step": 500, "warmstart/main/format_ok": 0.4}) + "\n")
+    (root / "warm_mgrpo_s0" / "summary.json").write_text(json.dumps({"run": {"status": "finished"}}))
+    with pytest.raises(SystemExit, match="warmstart/main/format_ok = 0.40"):
+        run_all.control(str(root), 2)
 
 
 def test_a_run_is_done_only_when_its_summary_says_finished(tmp_path, monkeypatch):
