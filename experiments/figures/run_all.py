@@ -5,6 +5,7 @@
     python -m experiments.figures.run_all --plot-only   # redraw from experiments/figures/logs, no training
     python -m experiments.figures.run_all --table       # print the README's results tables from results/*.json
     python -m experiments.figures.run_all --status      # what is collected, running and left, and about how long
+    python -m experiments.figures.run_all --worlds 2,3  # train those worlds' runs only (one machine's share)
 
 Runs the positive control first: the first seed's warm start and stage 1, checked by `positive_control.gate`
 (format kept, rewards that vary within groups, updates that move the policy); a failed control stops here, before
@@ -15,6 +16,11 @@ runs have no collected logs), writes results/*.json (each claimed ordering
 with its last-window difference, bootstrap 95 % interval over seeds and verdict, `stats.py`), and writes the
 case studies. Interrupt it at any point and start it again: finished runs are kept, unfinished ones resume
 from their last checkpoint.
+
+`--worlds` splits the set across machines or sessions: each world's runs start from its own warm start and need
+only the collected logs of other worlds (the d_max ablation's D), so a share of whole worlds trains on its own;
+commit its logs (experiments/figures/logs) and draw with `--plot-only` once every world is collected. The
+positive control then runs on the share's first world.
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ FIGURES = (fig5_stage1_reward, fig6_accuracy, fig7_stage2_reward, fig8_sync, dk_
            shared_policy)
 
 
-def control(root: str, jobs: int) -> None:
-    """The positive control on seed 0's warm start and stage 1 (trained here if missing); raises on a failure."""
-    warm, stage1 = f"warm_mgrpo_s{runs.SEEDS[0]}", f"stage1_mgrpo_s{runs.SEEDS[0]}"
+def control(root: str, jobs: int, world: int | None = None) -> None:
+    """The positive control on `world`'s warm start and stage 1 (default the first seed's; trained here if
+    missing); raises on a failure."""
+    world = runs.SEEDS[0] if world is None else world
+    warm, stage1 = f"warm_mgrpo_s{world}", f"stage1_mgrpo_s{world}"
     runs.ensure([stage1], root, jobs)
     target = get_config("xbench", "figures").warmstart.format_target
     problems = positive_control.gate(read_jsonl(runs.metrics_log(root, warm)),
@@ -77,7 +85,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", action="store_true", help="print the README tables from results/*.json only")
     parser.add_argument("--status", action="store_true", help="print where the set stands under --root; train nothing")
+    parser.add_argument("--worlds", type=_worlds, default=None,
+                        help="comma-separated worlds: train only their runs, draw nothing (default: every world)")
     args = runs.parse_args(__doc__, argv, parser)
+    unknown = sorted(set(args.worlds or ()) - set(runs.SEEDS))
+    if unknown:
+        parser.error(f"--worlds {unknown} are not among the set's worlds {list(runs.SEEDS)} "
+                     f"(--seeds {len(runs.SEEDS)})")
     if args.table:
         table.main([])
         return
@@ -85,6 +99,13 @@ def main(argv=None) -> None:
         print(status(args.root, args.jobs), end="")
         return
     start = time.monotonic()
+    if args.worlds and not args.plot_only:
+        control(args.root, args.jobs, args.worlds[0])
+        runs.ensure([n for n, run in runs.RUNS.items() if run.world in args.worlds], args.root, args.jobs)
+        print(f"[figures] worlds {args.worlds} trained in {(time.monotonic() - start) / 60:.1f} min; the figures "
+              "are drawn with --plot-only once every world is collected", flush=True)
+        print(status(args.root, args.jobs), end="")
+        return
     if not args.plot_only:
         control(args.root, args.jobs)
         runs.ensure(list(runs.RUNS), args.root, args.jobs)
@@ -98,6 +119,14 @@ def main(argv=None) -> None:
     if not args.plot_only:
         case_studies.main(["--root", args.root])
     print(table.render(), end="")
+
+
+def _worlds(text: str) -> list[int]:
+    try:
+        worlds = sorted({int(w) for w in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated world numbers such as 2,3, got {text!r}") from None
+    return worlds
 
 
 if __name__ == "__main__":

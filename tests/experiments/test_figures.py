@@ -862,6 +862,31 @@ def test_run_all_reads_the_positive_control_from_collected_logs_on_a_machine_wit
         run_all.control(str(root), 2)
 
 
+def test_run_all_worlds_trains_only_those_worlds_after_their_own_control_and_draws_nothing(
+        tmp_path, fake_logs, monkeypatch, capsys):
+    ensured = []
+    monkeypatch.setattr(runs, "ensure", lambda names, root, jobs: ensured.append(list(names)))
+    monkeypatch.setattr(run_all, "FIGURES", ())  # drawing would fail loudly below: nothing is collected
+    monkeypatch.setattr(run_all.case_studies, "main", lambda argv: pytest.fail("case studies drawn"))
+    _write_logs(fake_logs, "warm_mgrpo_s1", [{"warmstart_step": 500, "warmstart/main/format_ok": 1.0}])
+    _write_logs(fake_logs, "stage1_mgrpo_s1", [{"step": s, "main/reward": 0.1 * s, "main/zero_std_groups": 0.0,
+                                                "main/train/grad_norm": 0.5, "main/train/approx_kl": 1e-3}
+                                               for s in (1, 2)])
+    run_all.main(["--root", str(tmp_path / "root"), "--seeds", "3", "--worlds", "2,1"])
+    assert ensured[0] == ["stage1_mgrpo_s1"]  # the control on the share's first world
+    assert sorted(ensured[1]) == sorted(n for n, run in runs.RUNS.items() if run.world in (1, 2))
+    assert {runs.RUNS[n].world for n in ensured[1]} == {1, 2} and len(ensured) == 2
+    out = capsys.readouterr().out
+    assert "positive control passed (warm_mgrpo_s1, stage1_mgrpo_s1)" in out and "worlds [1, 2] trained" in out
+    assert f"of {len(runs.RUNS)} runs collected" in out  # the status follows
+    for bad, message in (("3", "--worlds [3] are not among the set's worlds [0, 1, 2]"),
+                         ("1,x", "expected comma-separated world numbers")):
+        with pytest.raises(SystemExit):
+            run_all.main(["--root", str(tmp_path / "root"), "--seeds", "3", "--worlds", bad])
+        assert message in capsys.readouterr().err
+    assert len(ensured) == 2  # a bad --worlds trains nothing
+
+
 def test_a_run_is_done_only_when_its_summary_says_finished(tmp_path, monkeypatch):
     """Every stop writes summary.json; an interrupted warm start must be resumed, not taken as finished."""
     assert not runs.is_done(str(tmp_path), "warm_mgrpo_s0")
