@@ -1,5 +1,6 @@
 """What a run's checkpoint holds and how a job returns to it: every learner's arrays (each model once), the step,
-the question iterator's position, whether the warm start is done, and the sub side's own state (the FIFO offset)."""
+the question iterator's position, whether the warm start is done, and the sub side's own state (the FIFO offset
+and the records waiting in it)."""
 
 from __future__ import annotations
 

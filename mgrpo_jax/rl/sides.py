@@ -49,6 +49,7 @@ from mgrpo_jax.rl.exchange import MainStep, SubStep
 from mgrpo_jax.rollout import batches
 from mgrpo_jax.rollout.judging import rollout_arrays
 from mgrpo_jax.runtime.seeds import derive_seed
+from mgrpo_jax.store import Record
 
 
 def counterfactual_twin(config, step: int, stream: str = "twin") -> int:
@@ -267,10 +268,26 @@ class UnsyncSubSide(SubSide):
         return {**self.figures(data, targets, stats), **metrics}, chunks
 
     def state(self) -> dict:
-        return {"fifo_offset": self.consumer.offset}
+        # The records pushed and not yet popped go into the checkpoint too: the default memory:// store does not
+        # outlive its process, and a resumed run must pop them where the uninterrupted one does.
+        offset, backlog = self.consumer.offset, self.consumer.backlog()
+        pending = self.consumer.peek(backlog, timeout_s=float(self.config.decoupled.timeout_s)) if backlog else []
+        return {"fifo_offset": offset, "fifo_pending": [r.encode().decode() for r in pending]}
 
     def load_state(self, host: dict) -> None:
-        self.consumer.seek(int(host.get("fifo_offset", 0)))
+        offset, size = int(host.get("fifo_offset", 0)), self.fifo.size()
+        pending = [Record.decode(raw.encode(), key="host_state/fifo_pending") for raw in host.get("fifo_pending", [])]
+        if size >= offset + len(pending):  # the store kept the FIFO (file://, gs://, or this process's memory://)
+            self.consumer.seek(offset)
+        elif size == 0 and "fifo_pending" in host:  # a new process's memory:// store: the checkpoint's records
+            self.fifo.restore(pending)
+            self.consumer.seek(0)
+        else:
+            raise ValueError(
+                f"cannot resume the sub-agent's FIFO: the checkpoint's consumer offset is {offset} with "
+                f"{len(pending)} records pending, but {self.fifo.store.url}fifo/{self.fifo.name}/ holds {size} items"
+                + ("" if "fifo_pending" in host else " and the checkpoint keeps no pending records (it predates "
+                   "them); start the run again in a fresh workdir, or resume it on the store it ran on"))
 
 
 class SidePair:

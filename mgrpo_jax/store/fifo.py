@@ -11,7 +11,7 @@ two live instances of one consumer cannot both pop the same chunk.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from mgrpo_jax.store.errors import ConflictError, CorruptRecordError, StoreTimeout
 from mgrpo_jax.store.records import Record, check_int, check_name, seal, unseal
@@ -79,6 +79,15 @@ class Fifo:
         self._known |= idents
         self._next += len(items)
         return len(items)
+
+    def restore(self, records: Sequence[Record]) -> None:
+        """Writes ``records`` as the first items of an empty FIFO: the items a checkpoint kept of a FIFO whose store
+        did not outlive its process (a ``memory://`` store); its consumers start again at offset 0."""
+        if self.size():
+            raise ValueError(f"FIFO {self.name!r} in {self.store.url} already holds {self._next} items; only an "
+                             f"empty FIFO is restored")
+        self.kv.create_many([(self._item_key(i, rec), rec.encode()) for i, rec in enumerate(records)])
+        self._known = None  # rescan before the next append, which numbers on from len(records)
 
     def size(self) -> int:
         """Number of items ever appended (re-read from the store)."""

@@ -200,38 +200,41 @@ def test_step_records_push_every_real_sub_trajectory_once_with_its_reward():
     assert unsync.step_records(empty, np.zeros((1, 1, 1)), 0, 0) == []
 
 
-@pytest.mark.slow
-def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
-    """The run loop's sub side (`UnsyncSubSide.rows` -> `unsync.unsync_step` -> `Learner.train`) on sub-
-    trajectories sampled by the sub agent's own sampler at the rollout temperature: a chunk of fresh records
-    trains at ratio 1, and the FIFO keeps up with varying delegation counts."""
-    from mgrpo_jax.config import get_config
-    from mgrpo_jax.rl.exchange import SubStep
-    from mgrpo_jax.rl.trainer import Trainer
+class _UnsyncHarness:
+    """A smoke `mgrpo_unsync` trainer whose sub side is fed hand-built steps: sub-trajectories sampled by the sub
+    agent's own sampler at the rollout temperature, `counts[q, k]` calls per rollout, random expert rewards."""
 
-    config = get_config("xbench", "smoke,mgrpo_unsync")
-    config.rollout.temperature = 0.7
-    config.warmstart.steps = 0
-    config.store = f"memory://unsync-trainer-{next(_stores)}"  # memory stores are shared within a process
-    chunk = config.rollout.unsync_chunk
-    trainer = Trainer(config, str(tmp_path))
-    sub = trainer.agents["sub"]
-    rng = np.random.default_rng(0)
-    q_count, k_count = config.rollout.queries, config.rollout.samples
+    def __init__(self, tmp_path):
+        from mgrpo_jax.config import get_config
+        from mgrpo_jax.rl.trainer import Trainer
 
-    def sub_side(rollout, arrays):
+        self.config = config = get_config("xbench", "smoke,mgrpo_unsync")
+        config.rollout.temperature = 0.7
+        config.warmstart.steps = 0
+        config.store = f"memory://unsync-trainer-{next(_stores)}"  # memory stores are shared within a process
+        self.trainer = Trainer(config, str(tmp_path))
+        self.sub = self.trainer.agents["sub"]
+        self.rng = np.random.default_rng(0)
+
+    def step(self, counts, main_correct, side=None):
+        """One step's sub side (`side`, default the trainer's: `UnsyncSubSide.rows`): (metrics, chunks)."""
+        from mgrpo_jax.rl.exchange import SubStep
+
+        rollout, arrays = self.rollout_with(counts, main_correct)
+        trainer = self.trainer
         targets = jax.device_get(mgrpo_targets(arrays, jax.random.key(trainer.step), trainer.targets_config))
         stats = {k: float(v) for k, v in targets.stats.items()}
-        return trainer.sub.rows(SubStep(rollout, arrays, sub.version), targets, stats, trainer.step)
+        return (side or trainer.sub).rows(SubStep(rollout, arrays, self.sub.version), targets, stats, trainer.step)
 
-    def rollout_with(counts, main_correct):
+    def rollout_with(self, counts, main_correct):
+        config, rng = self.config, self.rng
         prompts = [list(rng.integers(5, 200, int(rng.integers(4, 9)))) for _ in range(int(counts.sum()))]
-        out = sub.sampler.sample(prompts, max_new=8, rng=int(rng.integers(1 << 30)),
-                                 temperature=config.rollout.temperature)
+        out = self.sub.sampler.sample(prompts, max_new=8, rng=int(rng.integers(1 << 30)),
+                                      temperature=config.rollout.temperature)
         top, n = [], 0
-        for q in range(q_count):
+        for q in range(config.rollout.queries):
             top.append([])
-            for k in range(k_count):
+            for k in range(config.rollout.samples):
                 main = Episode(agent="main", question_index=q, rollout=k)
                 for i in range(counts[q, k]):
                     e = Episode(agent="sub", question_index=q, rollout=k, invocation=i)
@@ -244,13 +247,24 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
                 top[q].append(main)
         fmt = [[[True] * c for c in row] for row in counts]
         expert = [[list(rng.random(c)) for c in row] for row in counts]
-        return RolloutBatch([None] * q_count, top), _arrays(fmt, expert, main_correct)
+        return RolloutBatch([None] * config.rollout.queries, top), _arrays(fmt, expert, main_correct)
+
+
+@pytest.mark.slow
+def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
+    """The run loop's sub side (`UnsyncSubSide.rows` -> `unsync.unsync_step` -> `Learner.train`) on sub-
+    trajectories sampled by the sub agent's own sampler at the rollout temperature: a chunk of fresh records
+    trains at ratio 1, and the FIFO keeps up with varying delegation counts."""
+    h = _UnsyncHarness(tmp_path)
+    trainer, sub, rng, config = h.trainer, h.sub, h.rng, h.config
+    chunk = config.rollout.unsync_chunk
+    q_count, k_count = config.rollout.queries, config.rollout.samples
 
     # Step 0: exactly one chunk of fresh records: trained on-policy.
     counts = np.zeros((q_count, k_count), np.int32)
     counts.flat[:chunk] = 1
     main_correct = np.asarray(rng.random((q_count, k_count)) > 0.5, np.float32)
-    out, chunks = sub_side(*rollout_with(counts, main_correct))
+    out, chunks = h.step(counts, main_correct)
     assert len(chunks) == 1 and out["sub/staleness"] == 0.0 and out["sub/fifo_backlog"] == 0
     np.testing.assert_array_equal(chunks[0]["temperature"], np.float32(0.7))
     metrics = sub.train(chunks)
@@ -264,7 +278,7 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
         trainer.step = step
         counts = rng.integers(0, 4, (q_count, k_count)).astype(np.int32)
         version = int(sub.state.step)
-        out, chunks = sub_side(*rollout_with(counts, main_correct))
+        out, chunks = h.step(counts, main_correct)
         pushed += int(counts.sum())
         popped += len(chunks) * chunk
         assert out["sub/fifo_backlog"] == pushed - popped < chunk
@@ -272,3 +286,49 @@ def test_trainer_unsync_path_trains_on_policy_chunks_and_keeps_up(tmp_path):
             metrics = sub.train(chunks)
             assert int(sub.state.step) == version + len(chunks) * sub.config.passes
             assert np.isfinite(metrics["sub/train/loss"]) and out["sub/staleness"] >= 0
+
+
+
+@pytest.mark.slow
+def test_the_checkpoint_keeps_the_waiting_records_for_a_new_process_store(tmp_path):
+    """The default memory:// store dies with its process. The sub side's checkpoint state keeps the records waiting
+    in the FIFO, so a side resumed on a new, empty store pops what the uninterrupted one pops; a state that keeps
+    no records, on a store that lost them, is refused by name (it once popped a chunk of -6,453 records)."""
+    import json
+
+    from mgrpo_jax.rl.sides import UnsyncSubSide
+
+    h = _UnsyncHarness(tmp_path)
+    q_count, k_count, chunk = h.config.rollout.queries, h.config.rollout.samples, h.config.rollout.unsync_chunk
+    correct = np.ones((q_count, k_count), np.float32)
+    out, _ = h.step(np.full((q_count, k_count), 2, np.int32), correct)  # 8 records: 2 chunks, none left
+    counts = np.zeros((q_count, k_count), np.int32)
+    counts.flat[: chunk - 1] = 1
+    h.trainer.step = 1
+    out, _ = h.step(counts, correct)
+    assert out["sub/fifo_backlog"] == chunk - 1  # records wait across the checkpoint
+
+    state = json.loads(json.dumps(h.trainer.sub.state()))  # as the checkpoint's host state stores it
+    assert state["fifo_offset"] == 2 * chunk and len(state["fifo_pending"]) == chunk - 1
+    moved = UnsyncSubSide(h.sub, open_store(f"memory://unsync-moved-{next(_stores)}"), h.config)
+    moved.load_state(state)
+    assert (moved.consumer.offset, moved.consumer.backlog()) == (0, chunk - 1)
+
+    h.trainer.step = 2
+    counts = np.zeros((q_count, k_count), np.int32)
+    counts.flat[:2] = 1
+    rng_state = h.rng.bit_generator.state
+    want, want_chunks = h.step(counts, correct)  # the uninterrupted side
+    h.rng.bit_generator.state = rng_state
+    got, got_chunks = h.step(counts, correct, side=moved)  # the same step on the resumed one
+    for key in ("sub/fifo_pushed", "sub/fifo_popped", "sub/fifo_backlog", "sub/unsync_chunks", "sub/staleness"):
+        assert got[key] == want[key], key
+    assert (got["sub/fifo_popped"], got["sub/fifo_backlog"]) == (chunk, 1)
+    assert len(got_chunks) == len(want_chunks) == 1
+    for key in want_chunks[0]:
+        np.testing.assert_array_equal(got_chunks[0][key], want_chunks[0][key], err_msg=key)
+
+    lost = UnsyncSubSide(h.sub, open_store(f"memory://unsync-lost-{next(_stores)}"), h.config)
+    with pytest.raises(ValueError, match=r"offset is 8 with 0 records pending, but .* holds 0 items and the "
+                                         r"checkpoint keeps no pending records"):
+        lost.load_state({"fifo_offset": 8})
