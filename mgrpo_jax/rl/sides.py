@@ -270,7 +270,8 @@ class UnsyncSubSide(SubSide):
     def state(self) -> dict:
         # The records pushed and not yet popped go into the checkpoint too: the default memory:// store does not
         # outlive its process, and a resumed run must pop them where the uninterrupted one does.
-        offset, backlog = self.consumer.offset, self.consumer.backlog()
+        offset = self.consumer.offset
+        backlog = self.fifo.size() - offset
         pending = self.consumer.peek(backlog, timeout_s=float(self.config.decoupled.timeout_s)) if backlog else []
         return {"fifo_offset": offset, "fifo_pending": [r.encode().decode() for r in pending]}
 
